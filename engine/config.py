@@ -1,0 +1,75 @@
+"""EngineConfig: every engine knob in one validated dataclass, passed down whole."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+_DTYPES = ("float32", "float16", "bfloat16", "auto")
+_LOAD_FORMATS = ("auto", "safetensors", "dummy")
+
+
+@dataclass
+class EngineConfig:
+    model: str = ""
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: size the pool from memory (see gpu_memory_utilization)
+    gpu_memory_utilization: float = 0.85  # fraction of free device memory the KV pool may take
+    cpu_kv_cache_bytes: int = 1 << 30  # KV pool budget on the CPU when num_kv_blocks is None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192  # token budget of one step (prefill chunks + decodes)
+    max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+    device: str = "auto"  # auto: cuda when available, else cpu
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    enforce_eager: bool = False  # no CUDA graphs
+    seed: int = 0
+    load_format: str = "auto"
+    tokenizer: str | None = None  # defaults to the model folder
+    hf_overrides: dict = field(default_factory=dict)  # config fields for load_format="dummy" shapes
+    cuda_graph_sizes: list[int] | None = None  # batch sizes captured; None: a ladder up to max_num_seqs
+    num_threads: int | None = None  # torch CPU threads
+
+    def __post_init__(self) -> None:
+        def positive(name: str) -> None:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
+
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            positive(name)
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"EngineConfig.block_size must be a power of two, got {self.block_size}")
+        if self.num_kv_blocks is not None:
+            positive("num_kv_blocks")
+        if self.max_model_len is not None:
+            positive("max_model_len")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"EngineConfig.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"EngineConfig.dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.load_format not in _LOAD_FORMATS:
+            raise ValueError(f"EngineConfig.load_format must be one of {_LOAD_FORMATS}, got {self.load_format!r}")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ValueError(f"EngineConfig.device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if not self.enable_chunked_prefill and self.max_model_len is not None:
+            if self.max_num_batched_tokens < self.max_model_len:
+                raise ValueError(
+                    "EngineConfig.max_num_batched_tokens must be >= max_model_len when chunked prefill is off"
+                )
+
+    def resolve_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolve_dtype(self, device: str):
+        import torch
+
+        if self.dtype == "auto":
+            return torch.bfloat16 if device.startswith("cuda") else torch.float32
+        return getattr(torch, self.dtype)

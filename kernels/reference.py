@@ -1,0 +1,182 @@
+"""Torch references for every kernel. The engine runs these on the CPU; the Triton kernels
+must match them (tests/kernels). Cache layout everywhere:
+k_cache, v_cache: (num_blocks, block_size, num_kv_heads, head_dim); slot = block * block_size + offset.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def store_kv(
+    k: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
+    v: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
+    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # (num_tokens,) int64; < 0 = padding, not written
+) -> None:
+    nb, bs, hk, d = k_cache.shape
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    k_cache.view(nb * bs, hk, d).index_copy_(0, slots, k[keep].to(k_cache.dtype))
+    v_cache.view(nb * bs, hk, d).index_copy_(0, slots, v[keep].to(v_cache.dtype))
+
+
+def _bias(
+    q_pos: torch.Tensor,  # (q_len,)
+    k_pos: torch.Tensor,  # (k_len,)
+    num_heads: int,
+    sliding_window: int | None,
+    alibi_slopes: torch.Tensor | None,  # (num_heads,)
+) -> torch.Tensor:
+    # (num_heads or 1, q_len, k_len) additive bias: causal (+ window) mask and ALiBi
+    allowed = k_pos[None, :] <= q_pos[:, None]
+    if sliding_window is not None:
+        allowed &= k_pos[None, :] > q_pos[:, None] - sliding_window
+    bias = torch.zeros(allowed.shape, dtype=torch.float32, device=q_pos.device)
+    bias.masked_fill_(~allowed, float("-inf"))
+    bias = bias[None]
+    if alibi_slopes is not None:
+        dist = (k_pos[None, :] - q_pos[:, None]).to(torch.float32)  # <= 0 where allowed
+        bias = bias + alibi_slopes.view(num_heads, 1, 1).float() * dist[None]
+    return bias
+
+
+def gather_kv(
+    cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    block_table: torch.Tensor,  # (max_blocks,) int32
+    length: int,
+) -> torch.Tensor:  # (length, num_kv_heads, head_dim)
+    nb, bs, hk, d = cache.shape
+    n_blocks = (length + bs - 1) // bs
+    return cache[block_table[:n_blocks].long()].reshape(n_blocks * bs, hk, d)[:length]
+
+
+def paged_attention(
+    q: torch.Tensor,  # (num_tokens, num_heads, head_dim): new tokens of all sequences, concatenated
+    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # (batch, max_blocks) int32
+    cu_seqlens_q: torch.Tensor,  # (batch + 1,) int32: query token offsets
+    seq_lens: torch.Tensor,  # (batch,) int32: context length incl. the new tokens
+    scale: float,
+    sliding_window: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
+    """Causal attention of each sequence's new tokens (the last q_len positions of its context)
+    over its whole paged context: prefill, prefill after a cached prefix, chunked prefill, decode."""
+    num_heads = q.shape[1]
+    group = num_heads // k_cache.shape[2]
+    out = torch.empty_like(q)
+    cu = cu_seqlens_q.tolist()
+    lens = seq_lens.tolist()
+    for i, ctx in enumerate(lens):
+        s, e = cu[i], cu[i + 1]
+        if e == s:
+            continue
+        k = gather_kv(k_cache, block_tables[i], ctx).to(q.dtype)  # (ctx, hk, d)
+        v = gather_kv(v_cache, block_tables[i], ctx).to(q.dtype)
+        k = k.repeat_interleave(group, dim=1).transpose(0, 1)  # (h, ctx, d)
+        v = v.repeat_interleave(group, dim=1).transpose(0, 1)
+        qi = q[s:e].transpose(0, 1)  # (h, q_len, d)
+        q_pos = torch.arange(ctx - (e - s), ctx, device=q.device)
+        k_pos = torch.arange(ctx, device=q.device)
+        bias = _bias(q_pos, k_pos, num_heads, sliding_window, alibi_slopes).to(q.dtype)
+        o = F.scaled_dot_product_attention(qi, k, v, attn_mask=bias, scale=scale)
+        out[s:e] = o.transpose(0, 1)
+    return out
+
+
+def decode_attention(
+    q: torch.Tensor,  # (batch, num_heads, head_dim): one new token per sequence
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # (batch, max_blocks) int32
+    seq_lens: torch.Tensor,  # (batch,) int32, incl. the new token
+    scale: float,
+    sliding_window: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+) -> torch.Tensor:  # (batch, num_heads, head_dim)
+    """One batched gather + one attention for all decoding sequences (no per-sequence loop)."""
+    b, h, d = q.shape
+    nb, bs, hk, _ = k_cache.shape
+    group = h // hk
+    max_len = int(seq_lens.max())
+    n_blocks = (max_len + bs - 1) // bs
+    slots = (block_tables[:, :n_blocks].long() * bs)[:, :, None] + torch.arange(bs, device=q.device)
+    slots = slots.reshape(b, n_blocks * bs)[:, :max_len]  # (b, L)
+    k = k_cache.view(nb * bs, hk, d)[slots].to(q.dtype)  # (b, L, hk, d)
+    v = v_cache.view(nb * bs, hk, d)[slots].to(q.dtype)
+    qg = q.view(b, hk, group, d)
+    scores = torch.einsum("bkgd,blkd->bkgl", qg.float(), k.float()) * scale  # (b, hk, g, L)
+    pos = torch.arange(max_len, device=q.device)
+    valid = pos[None, :] < seq_lens[:, None]  # (b, L)
+    if sliding_window is not None:
+        valid &= pos[None, :] >= (seq_lens[:, None] - sliding_window)
+    if alibi_slopes is not None:
+        dist = (pos[None, :] - (seq_lens[:, None] - 1)).float()  # (b, L)
+        scores = scores + alibi_slopes.view(1, hk, group, 1).float() * dist[:, None, None, :]
+    scores.masked_fill_(~valid[:, None, None, :], float("-inf"))
+    probs = scores.softmax(dim=-1)
+    out = torch.einsum("bkgl,blkd->bkgd", probs, v.float())
+    return out.reshape(b, h, d).to(q.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # x: (num_tokens, hidden); computed in float32 like HF
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """residual' = x + residual; returns (rms_norm(residual'), residual')."""
+    new_residual = x + residual
+    return rms_norm(new_residual, weight, eps), new_residual
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(
+    q: torch.Tensor,  # (num_tokens, num_heads, head_dim)
+    k: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
+    positions: torch.Tensor,  # (num_tokens,) int64
+    cos_sin: torch.Tensor,  # (max_positions, head_dim): [cos | sin] halves, float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neox-style (rotate-half) rotary embedding over the full head dim, as HF Llama/Qwen."""
+    cs = cos_sin[positions]  # (n, d)
+    half = cs.shape[-1] // 2
+    cos = torch.cat((cs[:, :half], cs[:, :half]), dim=-1)[:, None, :]
+    sin = torch.cat((cs[:, half:], cs[:, half:]), dim=-1)[:, None, :]
+    qf, kf = q.float(), k.float()
+    q_out = qf * cos + rotate_half(qf) * sin
+    k_out = kf * cos + rotate_half(kf) * sin
+    return q_out.to(q.dtype), k_out.to(k.dtype)
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, max_positions: int, attention_scaling: float = 1.0) -> torch.Tensor:
+    # inv_freq: (head_dim / 2,) -> (max_positions, head_dim): [cos | sin]
+    t = torch.arange(max_positions, dtype=torch.float32, device=inv_freq.device)
+    freqs = torch.outer(t, inv_freq.float())
+    return torch.cat((freqs.cos() * attention_scaling, freqs.sin() * attention_scaling), dim=-1)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    # x: (num_tokens, 2 * intermediate) -> (num_tokens, intermediate)
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """logits (batch, vocab) float, bitmask (batch, ceil(vocab / 32)) int32, bit j of word w allows
+    token 32 * w + j; disallowed logits become -inf in place. Rows are matched by index."""
+    b, vocab = logits.shape
+    bits = torch.arange(32, device=bitmask.device, dtype=torch.int32)
+    allowed = ((bitmask[:, :, None] >> bits) & 1).bool().reshape(b, -1)[:, :vocab]
+    logits.masked_fill_(~allowed, float("-inf"))
