@@ -1,0 +1,39 @@
+"""Shared fixtures: tiny random checkpoints of the real architectures with the real Qwen tokenizer."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def checkpoint_factory(tmp_path_factory):
+    """checkpoint_factory(arch="qwen3", **overrides) -> folder; built once per argument set."""
+    from engine.models.tiny import build_checkpoint
+
+    built: dict[tuple, Path] = {}
+
+    def make(arch: str = "qwen3", **overrides) -> Path:
+        key = (arch, tuple(sorted((k, repr(v)) for k, v in overrides.items())))
+        if key not in built:
+            folder = tmp_path_factory.mktemp(f"ckpt-{arch}")
+            built[key] = build_checkpoint(folder, arch, **overrides)
+        return built[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(checkpoint_factory) -> Path:
+    return checkpoint_factory("qwen3")
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer(tiny_qwen3):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_qwen3)
