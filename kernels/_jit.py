@@ -1,0 +1,100 @@
+"""`kernel` decorator: a Triton kernel that picks compiled or interpreted execution at launch.
+
+`triton.jit` decides once, at decoration time, from TRITON_INTERPRET. That breaks when the module is
+imported before a test sets the variable, and it can never run CUDA and CPU tensors in the same
+process. Here the choice is made per launch: tensors on the CPU (or TRITON_INTERPRET=1) run through
+Triton's interpreter, CUDA tensors through the compiled kernel.
+
+Triton's own library functions (tl.sum, tl.max, ...) are themselves @triton.jit functions, fixed to
+the compiled mode when triton was imported without TRITON_INTERPRET. A compiled JITFunction refuses
+to be called from Python, so while one of our interpreted launches runs, calls to JITFunctions are
+routed through an InterpretedFunction of the same source (`_route_jit_calls_to_interpreter`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import torch
+import triton
+
+
+def interpret_forced() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+_interpreting = threading.local()
+_interpreted_helpers: dict = {}
+
+
+def _route_jit_calls_to_interpreter() -> None:
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    if getattr(JITFunction, "_chatloom_routed", False):
+        return
+    original = JITFunction.__call__
+
+    def call(self, *args, **kwargs):
+        if not getattr(_interpreting, "active", False):
+            return original(self, *args, **kwargs)
+        helper = _interpreted_helpers.get(self.fn)
+        if helper is None:
+            helper = _interpreted_helpers[self.fn] = InterpretedFunction(self.fn)
+        return helper(*args, **kwargs)
+
+    JITFunction.__call__ = call
+    JITFunction._chatloom_routed = True
+
+
+class Kernel:
+    def __init__(self, fn, **jit_kwargs):
+        self.fn = fn
+        self.jit_kwargs = jit_kwargs
+        self._compiled = None
+        self._interpreted = None
+
+    def _pick(self, args, kwargs):
+        on_cpu = any(
+            isinstance(a, torch.Tensor) and a.device.type == "cpu" for a in (*args, *kwargs.values())
+        )
+        if on_cpu or interpret_forced():
+            if self._interpreted is None:
+                from triton.runtime.interpreter import InterpretedFunction
+
+                self._interpreted = InterpretedFunction(self.fn, **self.jit_kwargs)
+            return self._interpreted
+        if self._compiled is None:
+            from triton.runtime.jit import JITFunction
+
+            self._compiled = JITFunction(self.fn, **self.jit_kwargs)
+        return self._compiled
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            fn = self._pick(args, kwargs)
+            if fn is self._compiled:
+                return fn[grid](*args, **kwargs)
+            _route_jit_calls_to_interpreter()
+            _interpreting.active = True
+            try:
+                return fn[grid](*args, **kwargs)
+            finally:
+                _interpreting.active = False
+
+        return launch
+
+
+def kernel(fn=None, **jit_kwargs):
+    if fn is None:
+        return lambda f: Kernel(f, **jit_kwargs)
+    return Kernel(fn, **jit_kwargs)
+
+
+def is_interpreting(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" or interpret_forced()
+
+
+def next_pow2(n: int) -> int:
+    return triton.next_power_of_2(max(1, int(n)))

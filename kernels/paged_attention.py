@@ -1,0 +1,423 @@
+"""Paged attention over the block-tiled KV cache: prefill/extend and split-K decode.
+
+Cache layout (reference.py): k_cache, v_cache (num_blocks, block_size, num_kv_heads, head_dim);
+position p of sequence i lives in slot block_tables[i, p // block_size] * block_size + p % block_size.
+Both kernels keep an online softmax in float32 (base-2 exponent, scale folded with log2(e)) over
+tiles of BLOCK_N key positions gathered through the block table, so no attention matrix is built and
+BLOCK_N is independent of the cache block size.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._jit import is_interpreting, kernel, next_pow2
+
+LOG2E = 1.4426950408889634
+
+
+@kernel
+def _prefill_kernel(
+    q_ptr,  # (num_tokens, num_heads, head_dim), last dim contiguous
+    k_cache_ptr,  # (num_blocks * block_size, num_kv_heads, head_dim) contiguous
+    v_cache_ptr,
+    out_ptr,  # (num_tokens, num_heads, head_dim), last dim contiguous
+    block_tables_ptr,  # (batch, max_blocks) int32, row stride stride_bt
+    cu_q_ptr,  # (batch + 1,) int32
+    seq_lens_ptr,  # (batch,) int32
+    alibi_ptr,  # (num_heads,) float32; unused unless HAS_ALIBI
+    scale_log2,  # softmax scale * log2(e)
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    window,  # sliding window in positions; unused unless HAS_WINDOW
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,  # query heads per KV head
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,  # cache block size
+    BLOCK_M: tl.constexpr,  # query tokens per program
+    BLOCK_N: tl.constexpr,  # key positions per tile
+    BLOCK_D: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    mb = tl.program_id(0)
+    seq = tl.program_id(1)
+    head = tl.program_id(2)
+    q_start = tl.load(cu_q_ptr + seq)
+    q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+    if mb * BLOCK_M >= q_len:
+        return
+    ctx = tl.load(seq_lens_ptr + seq)
+    kvh = head // GROUP
+
+    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < q_len
+    q_pos = ctx - q_len + offs_m  # (BLOCK_M,) absolute positions of the queries
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    q_rows = (q_start + offs_m).to(tl.int64)
+    q = tl.load(
+        q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + d[None, :],
+        mask=m_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )  # (BLOCK_M, BLOCK_D)
+
+    # keys needed by this query tile: up to its last query (causal), from its first query's window
+    hi = tl.minimum(ctx, ctx - q_len + (mb + 1) * BLOCK_M)
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(ctx - q_len + mb * BLOCK_M - window + 1, 0)
+        lo = (lo // BLOCK_N) * BLOCK_N
+    if HAS_ALIBI:
+        slope = tl.load(alibi_ptr + head).to(tl.float32) * 1.4426950408889634
+
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    for start in range(lo, hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < hi
+        blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        slot = blk * BLOCK_SIZE + offs_n % BLOCK_SIZE  # (BLOCK_N,)
+        kv_off = slot[None, :] * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d[:, None]  # (BLOCK_D, BLOCK_N)
+        kv_mask = d_mask[:, None] & n_mask[None, :]
+        kt = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)  # (BLOCK_D, BLOCK_N)
+        s = tl.dot(q, kt, input_precision=DOT_PREC) * scale_log2  # (BLOCK_M, BLOCK_N)
+        allowed = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        if HAS_WINDOW:
+            allowed = allowed & (offs_n[None, :] > q_pos[:, None] - window)
+        if HAS_ALIBI:
+            s += slope * (offs_n[None, :] - q_pos[:, None]).to(tl.float32)
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        # rows with nothing allowed yet keep m = -inf; subtract 0 there to avoid inf - inf
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        vt = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)  # (BLOCK_D, BLOCK_N)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), tl.trans(vt), input_precision=DOT_PREC)
+        m_i = m_new
+
+    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(
+        out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + d[None, :],
+        o.to(out_ptr.dtype.element_ty),
+        mask=m_mask[:, None] & d_mask[None, :],
+    )
+
+
+@kernel
+def _decode_kernel(
+    q_ptr,  # (batch, num_heads, head_dim), last dim contiguous
+    k_cache_ptr,  # (num_blocks * block_size, num_kv_heads, head_dim) contiguous
+    v_cache_ptr,
+    out_ptr,  # (batch, num_heads, head_dim) last dim contiguous; written only if NUM_SPLITS == 1
+    part_out_ptr,  # (batch, num_heads, NUM_SPLITS, head_dim) float32, normalized per split
+    part_lse_ptr,  # (batch, num_heads, NUM_SPLITS) float32, log2-sum-exp2 of the split's scores
+    block_tables_ptr,  # (batch, max_blocks) int32
+    seq_lens_ptr,  # (batch,) int32
+    alibi_ptr,  # (num_heads,) float32
+    scale_log2,
+    stride_qb,
+    stride_qh,
+    stride_ob,
+    stride_oh,
+    stride_bt,
+    window,
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_G: tl.constexpr,  # >= GROUP (and >= 16 for tl.dot): the query heads of one KV head
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    ctx = tl.load(seq_lens_ptr + b)
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(ctx - window, 0)
+    # each sequence splits its own key range evenly, in whole tiles: the split count is fixed on the
+    # host, the split size is read on the device (no host sync, CUDA-graph safe)
+    per_split = tl.cdiv(tl.cdiv(ctx - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    s_lo = lo + split * per_split
+    s_hi = tl.minimum(s_lo + per_split, ctx)
+
+    g = tl.arange(0, BLOCK_G)
+    g_mask = g < GROUP
+    heads = kvh * GROUP + g  # (BLOCK_G,)
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    q = tl.load(
+        q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + d[None, :],
+        mask=g_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )  # (BLOCK_G, BLOCK_D)
+    if HAS_ALIBI:
+        slopes = tl.load(alibi_ptr + heads, mask=g_mask, other=0.0).to(tl.float32) * 1.4426950408889634
+
+    m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)
+    bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+    for start in range(s_lo, s_hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < s_hi
+        blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        slot = blk * BLOCK_SIZE + offs_n % BLOCK_SIZE
+        kv_off = slot[None, :] * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d[:, None]  # (BLOCK_D, BLOCK_N)
+        kv_mask = d_mask[:, None] & n_mask[None, :]
+        kt = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        s = tl.dot(q, kt, input_precision=DOT_PREC) * scale_log2  # (BLOCK_G, BLOCK_N)
+        if HAS_ALIBI:
+            s += slopes[:, None] * (offs_n - (ctx - 1)).to(tl.float32)[None, :]
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        vt = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), tl.trans(vt), input_precision=DOT_PREC)
+        m_i = m_new
+
+    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # empty range (split past the end): zeros
+    if NUM_SPLITS == 1:
+        tl.store(
+            out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + d[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=g_mask[:, None] & d_mask[None, :],
+        )
+    else:
+        row = (b.to(tl.int64) * (NUM_KV_HEADS * GROUP) + heads) * NUM_SPLITS + split  # (BLOCK_G,)
+        gd_mask = g_mask[:, None] & d_mask[None, :]
+        tl.store(part_out_ptr + row[:, None] * HEAD_DIM + d[None, :], o, mask=gd_mask)
+        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(tl.where(l_i == 0.0, 1.0, l_i)))
+        tl.store(part_lse_ptr + row, lse, mask=g_mask)
+
+
+@kernel
+def _decode_reduce_kernel(
+    part_out_ptr,  # (batch, num_heads, NUM_SPLITS, head_dim) float32
+    part_lse_ptr,  # (batch, num_heads, NUM_SPLITS) float32
+    out_ptr,  # (batch, num_heads, head_dim)
+    stride_ob,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    s_mask = s < NUM_SPLITS
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    row0 = (b * NUM_HEADS + h) * NUM_SPLITS
+    lse = tl.load(part_lse_ptr + row0 + s, mask=s_mask, other=float("-inf"))  # (BLOCK_S,)
+    m = tl.max(lse, axis=0)
+    w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))  # 0 for empty splits
+    o_ptrs = part_out_ptr + (row0 + s)[:, None] * HEAD_DIM + d[None, :]
+    o = tl.load(o_ptrs, mask=s_mask[:, None] & d_mask[None, :], other=0.0)  # (BLOCK_S, BLOCK_D)
+    den = tl.sum(w, axis=0)
+    res = tl.sum(w[:, None] * o, axis=0) / tl.where(den == 0.0, 1.0, den)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + d, res.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+def _check_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor):
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(f"k_cache/v_cache must be equal (num_blocks, block_size, num_kv_heads, head_dim), "
+                         f"got {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("k_cache and v_cache must be contiguous")
+    h, d = q.shape[1], q.shape[2]
+    hk = k_cache.shape[2]
+    if k_cache.shape[3] != d or h % hk:
+        raise ValueError(f"q heads/dim ({h}, {d}) do not fit the cache's ({hk}, {k_cache.shape[3]})")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise ValueError(f"cache dtype {k_cache.dtype} != q dtype {q.dtype}")
+    if q.stride(-1) != 1:
+        raise ValueError("q needs a contiguous last dim")
+    if block_tables.dim() != 2 or block_tables.dtype != torch.int32:
+        raise ValueError("block_tables must be (batch, max_blocks) int32")
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # float32 inputs: exact fp32 products (TF32 would be ~1e-3 off); 16-bit inputs ignore the setting
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _alibi(alibi_slopes: torch.Tensor | None, num_heads: int, like: torch.Tensor) -> torch.Tensor:
+    if alibi_slopes is None:
+        return like
+    if alibi_slopes.shape != (num_heads,):
+        raise ValueError(f"alibi_slopes must be ({num_heads},)")
+    return alibi_slopes.float().contiguous()
+
+
+def _window(sliding_window: int | None) -> int:
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError("sliding_window must be >= 1")
+    return 0 if sliding_window is None else int(sliding_window)
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,  # (num_tokens, num_heads, head_dim): new tokens of all sequences, concatenated
+    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # (batch, max_blocks) int32
+    cu_seqlens_q: torch.Tensor,  # (batch + 1,) int32
+    seq_lens: torch.Tensor,  # (batch,) int32: context length incl. the new tokens
+    max_seqlen_q: int,  # python int >= the longest q_len (sizes the grid; no host sync)
+    scale: float,
+    sliding_window: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,  # (num_heads,)
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
+    """Same semantics as reference.paged_attention: each sequence's q_len new tokens are the last q_len
+    positions of its context (cached prefix, chunked prefill and decode are all special cases)."""
+    if q.dim() != 3:
+        raise ValueError(f"q must be (num_tokens, num_heads, head_dim), got {tuple(q.shape)}")
+    _check_cache(q, k_cache, v_cache, block_tables)
+    batch = block_tables.shape[0]
+    if cu_seqlens_q.shape != (batch + 1,) or seq_lens.shape != (batch,):
+        raise ValueError("cu_seqlens_q must be (batch + 1,) and seq_lens (batch,)")
+    if cu_seqlens_q.dtype != torch.int32 or seq_lens.dtype != torch.int32:
+        raise ValueError("cu_seqlens_q and seq_lens must be int32")
+    n, h, d = q.shape
+    _, bs, hk, _ = k_cache.shape
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError("out must match q")
+    if n == 0 or batch == 0 or max_seqlen_q <= 0:
+        return out
+    if is_interpreting(q):
+        block_m, block_n, warps, stages = 16, 16, 4, 1
+    elif q.dtype == torch.float32:
+        block_m, block_n, warps, stages = 32, 32, 4, 2
+    else:
+        block_m, block_n, warps, stages = 64, 64, 4, 3
+    grid = (triton.cdiv(max_seqlen_q, block_m), batch, h)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, out, block_tables, cu_seqlens_q, seq_lens, _alibi(alibi_slopes, h, q),
+        scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        _window(sliding_window),
+        NUM_KV_HEADS=hk, GROUP=h // hk, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_D=next_pow2(d), HAS_WINDOW=sliding_window is not None, HAS_ALIBI=alibi_slopes is not None,
+        DOT_PREC=_dot_precision(q.dtype), num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return out
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+MAX_SPLITS = 64
+MIN_TOKENS_PER_SPLIT = 256
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
+    """Enough (batch, kv_head, split) programs for ~2 waves over the SMs, each split >= 256 keys.
+    Depends only on python ints, so a CUDA graph captured for a batch size keeps its split count."""
+    want = triton.cdiv(2 * num_sms, max(1, batch * num_kv_heads))
+    useful = triton.cdiv(max(1, max_seq_len), MIN_TOKENS_PER_SPLIT)
+    return max(1, min(want, useful, MAX_SPLITS))
+
+
+def paged_decode_attention(
+    q: torch.Tensor,  # (batch, num_heads, head_dim): one new token per sequence
+    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # (batch, max_blocks) int32
+    seq_lens: torch.Tensor,  # (batch,) int32, incl. the new token
+    scale: float,
+    sliding_window: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,  # (num_heads,)
+    out: torch.Tensor | None = None,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:  # (batch, num_heads, head_dim)
+    """Split-K decode: grid (batch, num_kv_heads, num_splits); one program handles all query heads of one
+    KV head over one contiguous slice of the context, then a reduce kernel merges the splits by their
+    log-sum-exp (skipped when num_splits == 1).
+
+    CUDA-graph safe: no host sync and no data-dependent allocation. The split count is a python int:
+    `num_splits` if given, else chosen from `max_seq_len` (a python int upper bound, used only for this
+    choice), else from the block table's capacity (max_blocks * block_size). Any seq_lens value is
+    handled correctly whatever the split count. A sequence with seq_len 0 (graph padding) gets zeros.
+    """
+    if q.dim() != 3:
+        raise ValueError(f"q must be (batch, num_heads, head_dim), got {tuple(q.shape)}")
+    _check_cache(q, k_cache, v_cache, block_tables)
+    b, h, d = q.shape
+    _, bs, hk, _ = k_cache.shape
+    if block_tables.shape[0] != b or seq_lens.shape != (b,) or seq_lens.dtype != torch.int32:
+        raise ValueError("block_tables must have batch rows and seq_lens be (batch,) int32")
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError("out must match q")
+    if b == 0:
+        return out
+    group = h // hk
+    interp = is_interpreting(q)
+    if num_splits is None:
+        bound = max_seq_len if max_seq_len is not None else block_tables.shape[1] * bs
+        num_splits = choose_num_splits(b, hk, bound, _sm_count(q.device))
+    num_splits = int(num_splits)
+    if not 1 <= num_splits <= 1024:
+        raise ValueError("num_splits must be in [1, 1024]")
+    if interp:
+        block_n, warps, stages = 16, 4, 1
+    elif q.dtype == torch.float32:
+        block_n, warps, stages = 32, 4, 2
+    else:
+        block_n, warps, stages = 64, 4, 3
+    if num_splits > 1:
+        part_out = torch.empty((b, h, num_splits, d), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((b, h, num_splits), dtype=torch.float32, device=q.device)
+    else:
+        part_out = part_lse = out
+    _decode_kernel[(b, hk, num_splits)](
+        q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens, _alibi(alibi_slopes, h, q),
+        scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        _window(sliding_window),
+        NUM_KV_HEADS=hk, GROUP=group, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_G=max(16, next_pow2(group)),
+        BLOCK_N=block_n, BLOCK_D=next_pow2(d), NUM_SPLITS=num_splits,
+        HAS_WINDOW=sliding_window is not None, HAS_ALIBI=alibi_slopes is not None,
+        DOT_PREC=_dot_precision(q.dtype), num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    if num_splits > 1:
+        _decode_reduce_kernel[(b, h)](
+            part_out, part_lse, out, out.stride(0), out.stride(1),
+            NUM_HEADS=h, HEAD_DIM=d, NUM_SPLITS=num_splits, BLOCK_S=next_pow2(num_splits),
+            BLOCK_D=next_pow2(d), num_warps=4,
+        )  # fmt: skip
+    return out
+
