@@ -1,0 +1,237 @@
+"""One assistant turn: store the user message, replay the history, generate, run tool calls as
+webhooks for a bounded number of rounds, store every message as soon as it exists.
+
+run_turn yields the text the user sees, piece by piece (tool-call text is never shown); the pieces
+joined equal the turn's assistant contents joined, and every message is committed before the
+generator ends (so before a JSON reply is sent or an NDJSON stream's "end" line)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+import weakref
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import httpx
+
+from app.agent import replay
+from app.agent.webhooks import ToolResult, call_webhook
+from app.chat.tool_parser import CallArgs, CallStart, Content, ParsedCall, ToolCallParser
+from app.memory import repository as repo
+from app.memory.db import Database
+from engine.sampling_params import SamplingParams
+
+log = logging.getLogger("chatloom.agent")
+
+MAX_TOOL_ROUNDS = 4  # model calls that may end in tool calls; one more answers without tools
+DEFAULT_MAX_TOKENS = 512
+DEFAULT_MAX_TURNS = 50
+_SAMPLING_KEYS = {f.name for f in fields(SamplingParams)} - {
+    "n", "constraint", "logits_processors", "logprobs"
+}
+
+
+@dataclass
+class AssistantSpec:
+    """A plain snapshot of an assistants row (no ORM object outlives its session)."""
+
+    id: str
+    name: str = ""
+    system_prompt: str = ""
+    model: str | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)
+    tool_choice: Any = None
+    tools: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def from_row(cls, row) -> AssistantSpec:
+        return cls(row.id, row.name, row.system_prompt or "", row.model, dict(row.sampling or {}),
+                   dict(row.memory or {}), row.tool_choice, list(row.tools or []))
+
+    def model_tools(self) -> list[dict]:
+        """The tools as the model sees them (OpenAI function form, no webhook details)."""
+        return [{"type": "function", "function": t["function"]} for t in self.tools if "function" in t]
+
+    def webhook_for(self, name: str) -> dict | None:
+        for t in self.tools:
+            if t.get("function", {}).get("name") == name:
+                return t.get("webhook") or {}
+        return None
+
+
+@dataclass
+class TurnDeps:
+    engine: Any  # engine.AsyncEngine (or anything with .tokenizer, .generate, .abort)
+    db: Database
+    http: httpx.AsyncClient
+
+
+_session_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+
+
+def session_lock(session_id: str) -> asyncio.Lock:
+    """Turns of one session run one at a time (in this process): each replays the last."""
+    lock = _session_locks.get(session_id)
+    if lock is None:
+        lock = _session_locks[session_id] = asyncio.Lock()
+    return lock
+
+
+def _stop_ids(tokenizer) -> set[int]:
+    ids = {tokenizer.eos_token_id}
+    for tok in ("<|im_end|>", "<|endoftext|>"):
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(tid, int) and tid != getattr(tokenizer, "unk_token_id", None):
+            ids.add(tid)
+    return {i for i in ids if i is not None}
+
+
+def _constraint(tokenizer, tools: list[dict], choice: Any, max_tokens: int):
+    """grammar.api (issue 4) when present: tool calls valid for their schemas by construction."""
+    if not tools or choice == "none":
+        return None
+    try:
+        from grammar.api import build_constraint
+    except ImportError:
+        return None
+    return build_constraint(tokenizer, tools=tools, tool_choice=choice or "auto",
+                            parallel_tool_calls=True, max_tokens=max_tokens)
+
+
+def _max_model_len(engine) -> int | None:
+    for owner in (engine, getattr(engine, "config", None)):
+        value = getattr(owner, "max_model_len", None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _apply(events: list, content: list[str], calls: list[ParsedCall]) -> list[str]:
+    """Fold parser events into content pieces and calls; returns the new visible pieces."""
+    shown = []
+    for ev in events:
+        if isinstance(ev, Content):
+            content.append(ev.text)
+            shown.append(ev.text)
+        elif isinstance(ev, CallStart):
+            calls.append(ParsedCall(ev.id, ev.name, ""))
+        elif isinstance(ev, CallArgs):
+            calls[ev.index].arguments += ev.fragment
+    return shown
+
+
+def _message_dict(m) -> dict:
+    d = m.to_openai()
+    if m.role == "assistant" and m.token_ids:
+        d["token_ids"] = m.token_ids
+    return d
+
+
+async def _run_tool(deps: TurnDeps, spec: AssistantSpec, call: ParsedCall) -> ToolResult:
+    webhook = spec.webhook_for(call.name)
+    if webhook is None:
+        return ToolResult(json.dumps({"error": f"unknown tool {call.name!r}"}), ok=False)
+    try:
+        args = json.loads(call.arguments)
+    except ValueError as exc:
+        return ToolResult(json.dumps({"error": f"arguments are not JSON: {exc}"}), ok=False)
+    return await call_webhook(deps.http, webhook, args)
+
+
+async def run_turn(
+    deps: TurnDeps,
+    spec: AssistantSpec,
+    session_id: str,
+    user_text: str,
+    *,
+    max_tool_rounds: int = MAX_TOOL_ROUNDS,
+) -> AsyncIterator[str]:
+    async with session_lock(session_id):
+        async for piece in _run_turn_locked(deps, spec, session_id, user_text, max_tool_rounds):
+            yield piece
+
+
+async def _run_turn_locked(
+    deps: TurnDeps, spec: AssistantSpec, session_id: str, user_text: str, max_tool_rounds: int
+) -> AsyncIterator[str]:
+    engine, db = deps.engine, deps.db
+    tokenizer = engine.tokenizer
+    async with db.session() as s:
+        await repo.ensure_session(s, session_id, spec.id)
+        await repo.add_message(s, db.history, session_id, "user", user_text)
+    async with db.session() as s:
+        history = [_message_dict(m) for m in await repo.get_messages(s, db.history, session_id)]
+
+    sampling = {k: v for k, v in spec.sampling.items() if k in _SAMPLING_KEYS}
+    sampling.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
+    stops = _stop_ids(tokenizer)
+    sampling["stop_token_ids"] = sorted(stops | set(sampling.get("stop_token_ids", [])))
+    tools = spec.model_tools()
+    max_turns = spec.memory.get("max_turns", None if spec.memory.get("max_tokens") else DEFAULT_MAX_TURNS)
+    budget = spec.memory.get("max_tokens")
+    if (limit := _max_model_len(engine)) is not None:
+        room = limit - sampling["max_tokens"]
+        budget = min(budget, room) if budget else room
+
+    for round_index in range(max_tool_rounds + 1):
+        if round_index == max_tool_rounds:
+            choice = "none"
+        else:
+            choice = spec.tool_choice if round_index == 0 else "auto"
+        kept = replay.trim(history, max_turns)
+        render = {"system_prompt": spec.system_prompt, "tools": tools or None}
+        if budget:
+            kept, prompt_ids = replay.fit_tokens(tokenizer, kept, budget, **render)
+        else:
+            prompt_ids = replay.render_ids(tokenizer, kept, **render)
+        constraint = _constraint(tokenizer, tools, choice, sampling["max_tokens"])
+        params = SamplingParams(**sampling, constraint=constraint)
+
+        request_id = f"turn-{uuid.uuid4().hex}"
+        # the API's streaming parser: Content events are what the user sees, call markup never is
+        parser = ToolCallParser(enabled=bool(tools) and choice != "none")
+        content: list[str] = []
+        calls: list[ParsedCall] = []
+        token_ids: list[int] = []
+        finished = False
+        try:
+            stream = engine.generate(prompt_ids, params, request_id=request_id, retention_key=session_id)
+            async for out in stream:
+                token_ids.extend(out.new_token_ids)
+                for piece in _apply(parser.feed(out.text_delta), content, calls):
+                    yield piece
+            finished = True
+        finally:
+            if not finished:  # the client went away mid-generation
+                await engine.abort(request_id)
+        for piece in _apply(parser.finish(), content, calls):
+            yield piece
+        while token_ids and token_ids[-1] in stops:
+            token_ids.pop()
+
+        text = "".join(content)
+        openai_calls = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in calls
+        ] or None
+        async with db.session() as s:
+            await repo.add_message(s, db.history, session_id, "assistant", text,
+                                   tool_calls=openai_calls, token_ids=token_ids)
+        history.append({"role": "assistant", "content": text, "tool_calls": openai_calls,
+                         "token_ids": token_ids})
+        if not calls:
+            return
+
+        results = await asyncio.gather(*(_run_tool(deps, spec, c) for c in calls))
+        async with db.session() as s:
+            for call, result in zip(calls, results, strict=True):
+                await repo.add_message(s, db.history, session_id, "tool", result.content,
+                                       tool_call_id=call.id, name=call.name or None)
+        for call, result in zip(calls, results, strict=True):
+            history.append({"role": "tool", "content": result.content, "tool_call_id": call.id,
+                            "name": call.name or None})

@@ -1,0 +1,89 @@
+"""Server-side memory for OpenAI chat completions (`X-Session-Id` header or `session_id` field).
+
+The handler calls load_and_append before rendering and record_reply once the reply is complete:
+
+    history = await load_and_append(app.state.db, session_id, [m.model_dump() ...])
+    prompt_ids = app.agent.replay.render_ids(tokenizer, history, tools=tools)  # or its own renderer
+    ... generate with retention_key=session_id ...
+    await record_reply(app.state.db, session_id, content, tool_calls=calls, token_ids=ids)
+
+Clients differ: some send only the new message, some (n8n) resend the whole history every call.
+The request's non-system messages that already end the stored history are not stored twice."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.memory import repository as repo
+from app.memory.db import Database
+
+
+def _key(m: dict[str, Any]) -> tuple:
+    content = m.get("content")
+    if isinstance(content, list):  # content parts: compare the text
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    if m.get("role") == "assistant":
+        # clients echo calls with reformatted arguments or "" content; compare call names
+        names = tuple(c.get("function", {}).get("name") for c in m.get("tool_calls") or [])
+        return ("assistant", names or (content or "").strip())
+    return (m.get("role"), (content or "").strip(), m.get("tool_call_id"))
+
+
+def _overlap(stored: list[dict], new: list[dict]) -> int:
+    """The longest k < len(new) with stored[-k:] == new[:k] (the resent history)."""
+    for k in range(min(len(stored), len(new) - 1), 0, -1):
+        if [_key(m) for m in stored[-k:]] == [_key(m) for m in new[:k]]:
+            return k
+    return 0
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content or ""
+
+
+async def load_and_append(
+    db: Database, session_id: str, messages: list[dict[str, Any]], *, assistant_id: str | None = None
+) -> list[dict[str, Any]]:
+    """Store the request's new messages as the session's next turn (committed on return) and
+    return the whole conversation to render: the request's system/developer messages, then the
+    stored history with the new messages at its end. Generated assistant messages carry
+    "token_ids" (see app.agent.replay.render_ids: replaying them keeps the prefix cache warm)."""
+    system = [m for m in messages if m.get("role") in ("system", "developer")]
+    rest = [m for m in messages if m.get("role") not in ("system", "developer")]
+    async with db.session() as s:
+        await repo.ensure_session(s, session_id, assistant_id)
+        stored = [_as_dict(m) for m in await repo.get_messages(s, db.history, session_id)]
+        fresh = rest[_overlap(stored, rest) :] if stored else rest
+        for m in fresh:
+            await repo.add_message(
+                s, db.history, session_id, m["role"], _text(m.get("content")),
+                tool_calls=m.get("tool_calls") or None,
+                tool_call_id=m.get("tool_call_id"),
+                name=m.get("name"),
+            )
+            stored.append({k: v for k, v in m.items() if v is not None})
+    return [{"role": "system", "content": _text(m.get("content"))} for m in system] + stored
+
+
+async def record_reply(
+    db: Database,
+    session_id: str,
+    content: str,
+    *,
+    tool_calls: list[dict[str, Any]] | None = None,
+    token_ids: list[int] | None = None,
+) -> None:
+    """Store the generated assistant message (token_ids: generated ids, stop token excluded)."""
+    async with db.session() as s:
+        await repo.ensure_session(s, session_id)
+        await repo.add_message(s, db.history, session_id, "assistant", content,
+                               tool_calls=tool_calls or None, token_ids=token_ids or None)
+
+
+def _as_dict(m) -> dict[str, Any]:
+    d = m.to_openai()
+    if m.role == "assistant" and m.token_ids:
+        d["token_ids"] = m.token_ids
+    return d

@@ -1,0 +1,37 @@
+"""FastAPI dependencies of the conversation routers (state set by app.memory.lifespan.startup)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import httpx
+from fastapi import Depends, Request
+
+from app.errors import APIError
+from app.memory.db import Database
+
+
+def get_db(request: Request) -> Database:
+    db = getattr(request.app.state, "db", None)
+    if db is None:
+        raise APIError("The conversation store is not running.", 503)
+    return db
+
+
+def get_engine(request: Request) -> Any:
+    engine = getattr(request.app.state, "engine", None)
+    if engine is None:
+        raise APIError("The model is not loaded yet.", 503)
+    return engine
+
+
+def get_http(request: Request) -> httpx.AsyncClient:
+    http = getattr(request.app.state, "webhook_http", None)
+    if http is None:
+        http = request.app.state.webhook_http = httpx.AsyncClient(follow_redirects=True)
+    return http
+
+
+DB = Annotated[Database, Depends(get_db)]
+Engine = Annotated[Any, Depends(get_engine)]
+HTTP = Annotated[httpx.AsyncClient, Depends(get_http)]

@@ -1,0 +1,84 @@
+"""Typed ORM models. The schema changes only through migrations/ (Alembic)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from app.memory.n8n_table import JSONType
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)  # stored naive, always UTC
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSONType, list[Any]: JSONType}
+
+
+class Assistant(Base):
+    """A named configuration: model, system prompt, sampling, memory window, tools."""
+
+    __tablename__ = "assistants"
+
+    id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(255))
+    system_prompt: Mapped[str] = mapped_column(sa.Text, default="")
+    model: Mapped[str | None] = mapped_column(sa.String(255))
+    sampling: Mapped[dict[str, Any]] = mapped_column(default=dict)  # temperature, top_p, max_tokens, ...
+    memory: Mapped[dict[str, Any]] = mapped_column(default=dict)  # {"max_turns": n} | {"max_tokens": n}
+    tool_choice: Mapped[Any | None] = mapped_column(JSONType)  # first tool round only
+    tools: Mapped[list[Any]] = mapped_column(default=list)  # OpenAI function tools + "webhook"
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class ChatSession(Base):
+    __tablename__ = "sessions"
+
+    id: Mapped[str] = mapped_column(sa.String(255), primary_key=True)  # n8n sessionId / X-Session-Id
+    assistant_id: Mapped[str | None] = mapped_column(
+        sa.ForeignKey("assistants.id", ondelete="SET NULL"), index=True
+    )
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    messages: Mapped[list[Message]] = relationship(
+        back_populates="session", order_by="Message.id", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class Message(Base):
+    """One chat message; order within a session is the id order."""
+
+    __tablename__ = "messages"
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(sa.ForeignKey("sessions.id", ondelete="CASCADE"), index=True)
+    role: Mapped[str] = mapped_column(sa.String(16))  # system | user | assistant | tool
+    content: Mapped[str] = mapped_column(sa.Text, default="")
+    # OpenAI form: [{"id", "type": "function", "function": {"name", "arguments": str}}]
+    tool_calls: Mapped[list[Any] | None] = mapped_column(JSONType)
+    tool_call_id: Mapped[str | None] = mapped_column(sa.String(255))
+    name: Mapped[str | None] = mapped_column(sa.String(255))  # the tool's name on tool results
+    # the ids the engine generated for this assistant message (stop token excluded): replayed
+    # verbatim so the next turn's prompt extends this turn's token for token
+    token_ids: Mapped[list[Any] | None] = mapped_column(JSONType)
+    # the mirrored row in the n8n history table (None until mirrored)
+    n8n_row_id: Mapped[int | None] = mapped_column(sa.Integer, index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    session: Mapped[ChatSession] = relationship(back_populates="messages")
+
+    def to_openai(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = self.tool_calls
+        if self.role == "tool":
+            out["tool_call_id"] = self.tool_call_id
+            if self.name:
+                out["name"] = self.name
+        return out

@@ -1,0 +1,190 @@
+"""Repository functions over one AsyncSession (the caller owns the transaction).
+
+Every message write goes to `messages` and, in the same transaction, to the n8n history table in
+n8n's flat LangChain shape; rows that n8n wrote there (no `messages.n8n_row_id` points at them)
+are imported into `messages` when a session is read, so both sides see one history."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.memory.models import Assistant, ChatSession, Message, utcnow
+from app.memory.n8n_table import from_langchain, to_langchain
+
+ASSISTANT_FIELDS = ("name", "system_prompt", "model", "sampling", "memory", "tool_choice", "tools")
+
+
+# ---- assistants ---------------------------------------------------------------------------------
+
+
+def _slug(name: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40]
+    return f"{slug or 'asst'}-{secrets.token_hex(3)}"
+
+
+async def get_assistant(s: AsyncSession, assistant_id: str) -> Assistant | None:
+    return await s.get(Assistant, assistant_id)
+
+
+async def list_assistants(s: AsyncSession) -> list[Assistant]:
+    return list((await s.scalars(sa.select(Assistant).order_by(Assistant.created_at, Assistant.id))).all())
+
+
+async def create_assistant(
+    s: AsyncSession, data: dict[str, Any], assistant_id: str | None = None
+) -> Assistant:
+    fields = {k: data[k] for k in ASSISTANT_FIELDS if data.get(k) is not None}
+    fields.setdefault("system_prompt", "")
+    fields.setdefault("sampling", {})
+    fields.setdefault("memory", {})
+    fields.setdefault("tools", [])
+    row = Assistant(id=assistant_id or data.get("id") or _slug(fields.get("name", "")), **fields)
+    s.add(row)
+    await s.flush()
+    return row
+
+
+async def upsert_assistant(s: AsyncSession, data: dict[str, Any], assistant_id: str) -> Assistant:
+    row = await s.get(Assistant, assistant_id)
+    if row is None:
+        return await create_assistant(s, data, assistant_id)
+    for key in ASSISTANT_FIELDS:
+        if key in data and (data[key] is not None or key in ("model", "tool_choice")):
+            setattr(row, key, data[key])
+    await s.flush()
+    return row
+
+
+# ---- sessions and messages ----------------------------------------------------------------------
+
+
+async def ensure_session(s: AsyncSession, session_id: str, assistant_id: str | None = None) -> ChatSession:
+    row = await s.get(ChatSession, session_id)
+    if row is None:
+        row = ChatSession(id=session_id, assistant_id=assistant_id)
+        s.add(row)
+        await s.flush()
+    elif assistant_id and row.assistant_id is None:
+        row.assistant_id = assistant_id
+    return row
+
+
+async def add_message(
+    s: AsyncSession,
+    history: sa.Table,
+    session_id: str,
+    role: str,
+    content: str,
+    *,
+    tool_calls: list[dict] | None = None,
+    tool_call_id: str | None = None,
+    name: str | None = None,
+    token_ids: list[int] | None = None,
+) -> Message:
+    """Append one message (and its n8n mirror row). The session must exist."""
+    lc = to_langchain(role, content, tool_calls, tool_call_id, name)
+    row_id = (
+        await s.execute(sa.insert(history).values(session_id=session_id, message=lc).returning(history.c.id))
+    ).scalar_one()
+    msg = Message(
+        session_id=session_id,
+        role=role,
+        content=content or "",
+        tool_calls=tool_calls or None,
+        tool_call_id=tool_call_id,
+        name=name,
+        token_ids=token_ids,
+        n8n_row_id=row_id,
+    )
+    s.add(msg)
+    await s.execute(sa.update(ChatSession).where(ChatSession.id == session_id).values(updated_at=utcnow()))
+    await s.flush()
+    return msg
+
+
+async def import_n8n_rows(s: AsyncSession, history: sa.Table, session_id: str) -> int:
+    """Copy rows n8n wrote for this session into `messages`; returns how many."""
+    mirrored = sa.select(Message.n8n_row_id).where(
+        Message.session_id == session_id, Message.n8n_row_id.is_not(None)
+    )
+    rows = (
+        await s.execute(
+            sa.select(history.c.id, history.c.message)
+            .where(history.c.session_id == session_id, history.c.id.not_in(mirrored))
+            .order_by(history.c.id)
+        )
+    ).all()
+    if not rows:
+        return 0
+    await ensure_session(s, session_id)
+    for row_id, message in rows:
+        m = from_langchain(message)
+        s.add(Message(session_id=session_id, n8n_row_id=row_id, **m))
+    await s.flush()
+    return len(rows)
+
+
+async def get_messages(s: AsyncSession, history: sa.Table, session_id: str) -> list[Message]:
+    await import_n8n_rows(s, history, session_id)
+    q = sa.select(Message).where(Message.session_id == session_id).order_by(Message.id)
+    return list((await s.scalars(q)).all())
+
+
+async def get_session(s: AsyncSession, history: sa.Table, session_id: str) -> ChatSession | None:
+    await import_n8n_rows(s, history, session_id)
+    return await s.get(ChatSession, session_id)
+
+
+@dataclass
+class SessionSummary:
+    id: str
+    assistant_id: str | None
+    created_at: datetime
+    updated_at: datetime
+    message_count: int
+
+
+async def list_sessions(
+    s: AsyncSession, history: sa.Table, *, assistant_id: str | None = None, limit: int = 50, offset: int = 0
+) -> list[SessionSummary]:
+    """Most recently active first; sessions that exist only in the n8n table are imported first."""
+    foreign = (
+        await s.scalars(
+            sa.select(history.c.session_id).distinct().where(history.c.session_id.not_in(sa.select(ChatSession.id)))
+        )
+    ).all()
+    for sid in foreign:
+        await import_n8n_rows(s, history, sid)
+    counts = (
+        sa.select(Message.session_id, sa.func.count(Message.id).label("n"))
+        .group_by(Message.session_id)
+        .subquery()
+    )
+    q = (
+        sa.select(ChatSession, sa.func.coalesce(counts.c.n, 0))
+        .outerjoin(counts, counts.c.session_id == ChatSession.id)
+        .order_by(ChatSession.updated_at.desc(), ChatSession.id)
+        .limit(limit)
+        .offset(offset)
+    )
+    if assistant_id is not None:
+        q = q.where(ChatSession.assistant_id == assistant_id)
+    return [
+        SessionSummary(row.id, row.assistant_id, row.created_at, row.updated_at, int(n))
+        for row, n in (await s.execute(q)).all()
+    ]
+
+
+async def delete_session(s: AsyncSession, history: sa.Table, session_id: str) -> bool:
+    """Delete the session, its messages and its n8n rows. False if none of them existed."""
+    gone = (await s.execute(sa.delete(history).where(history.c.session_id == session_id))).rowcount
+    gone += (await s.execute(sa.delete(Message).where(Message.session_id == session_id))).rowcount
+    gone += (await s.execute(sa.delete(ChatSession).where(ChatSession.id == session_id))).rowcount
+    return gone > 0

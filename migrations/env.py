@@ -1,0 +1,61 @@
+"""Alembic environment. Two ways in:
+- the server (app.memory.db.Database.migrate) hands over its own open connection in
+  config.attributes["connection"];
+- the CLI (`alembic upgrade head`) opens an async engine from CHATLOOM_DATABASE_URL (or
+  sqlalchemy.url in alembic.ini).
+The n8n history table's name comes from config.attributes["n8n_history_table"] or
+CHATLOOM_N8N_HISTORY_TABLE."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from alembic import context
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from app.memory.db import async_url
+from app.memory.models import Base
+
+config = context.config
+target_metadata = Base.metadata
+
+
+def _n8n_table() -> str:
+    return config.attributes.get("n8n_history_table") or os.environ.get(
+        "CHATLOOM_N8N_HISTORY_TABLE", "n8n_chat_histories"
+    )
+
+
+def _configure_and_run(connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        render_as_batch=connection.dialect.name == "sqlite",  # ALTER TABLE support on SQLite
+        compare_type=True,
+    )
+    config.attributes["n8n_history_table"] = _n8n_table()
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def _url() -> str:
+    url = os.environ.get("CHATLOOM_DATABASE_URL") or config.get_main_option("sqlalchemy.url")
+    return async_url(url or "sqlite:///./data/chatloom.db")
+
+
+async def _run_async() -> None:
+    engine = create_async_engine(_url())
+    async with engine.begin() as conn:
+        await conn.run_sync(_configure_and_run)
+    await engine.dispose()
+
+
+if context.is_offline_mode():
+    context.configure(url=_url(), target_metadata=target_metadata, literal_binds=True)
+    with context.begin_transaction():
+        context.run_migrations()
+elif (conn := config.attributes.get("connection")) is not None:
+    _configure_and_run(conn)
+else:
+    asyncio.run(_run_async())

@@ -1,0 +1,1 @@
+"""Alembic migrations: the one way chatloom's schema changes."""

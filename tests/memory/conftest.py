@@ -1,0 +1,211 @@
+"""Fixtures of the conversation-store suite: every DB test runs on SQLite and on PostgreSQL
+(127.0.0.1:5432, user postgres, a fresh database per test, dropped after), a scripted fake engine
+with the real Qwen tokenizer, the app with chatloom's conversation routers, and a local webhook
+server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from engine.outputs import StepOutput
+
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def _pg_available() -> bool:
+    try:
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN, connect_timeout=2):
+            return True
+    except Exception:
+        return False
+
+
+_PG = _pg_available()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/chatloom.db"
+        return
+    if not _PG:
+        pytest.skip("PostgreSQL is not reachable on 127.0.0.1:5432")
+    import psycopg
+
+    name = f"chatloom_test_{secrets.token_hex(6)}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def chat_tokenizer(tmp_path_factory):
+    """The real Qwen2.5 tokenizer with our chat template (no weights needed)."""
+    from transformers import AutoTokenizer
+
+    from engine.models.tiny import write_tokenizer
+
+    folder = tmp_path_factory.mktemp("tokenizer")
+    write_tokenizer(folder)
+    return AutoTokenizer.from_pretrained(folder)
+
+
+@dataclass
+class Call:
+    prompt_ids: list[int]
+    params: object
+    retention_key: str | None
+
+
+@dataclass
+class FakeEngine:
+    """AsyncEngine's interface with scripted replies. Each reply is a text, or a list of token
+    ids (to emit a tokenization the tokenizer would not choose itself)."""
+
+    tokenizer: object
+    replies: deque = field(default_factory=deque)
+    calls: list[Call] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
+
+    def say(self, *replies) -> None:
+        self.replies.extend(replies)
+
+    async def generate(self, prompt, params, request_id: str, retention_key: str | None = None):
+        self.calls.append(Call(list(prompt), params, retention_key))
+        reply = self.replies.popleft() if self.replies else f"Reply number {len(self.calls)}."
+        ids = reply if isinstance(reply, list) else self.tokenizer.encode(reply, add_special_tokens=False)
+        done: list[int] = []
+        for tid in ids:
+            before = self.tokenizer.decode(done, skip_special_tokens=True)
+            done.append(tid)
+            delta = self.tokenizer.decode(done, skip_special_tokens=True)[len(before):]
+            await asyncio.sleep(0)
+            yield StepOutput(request_id, 0, [tid], delta)
+        yield StepOutput(request_id, 0, [self.tokenizer.eos_token_id], "", finish_reason="stop")
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    def stats(self) -> dict:
+        return {"prefix_cache_hit_tokens": 0}
+
+
+@pytest.fixture
+def fake_engine(chat_tokenizer) -> FakeEngine:
+    return FakeEngine(chat_tokenizer)
+
+
+def build_app(settings, engine):
+    """The conversation routers on a bare FastAPI app, with the lifespan hooks app.main calls."""
+    from fastapi import FastAPI
+    from fastapi.middleware.cors import CORSMiddleware
+
+    from app.api import assistants, n8n, sessions
+    from app.errors import install_error_handlers
+    from app.memory import lifespan
+
+    @asynccontextmanager
+    async def life(app):
+        await lifespan.startup(app, settings)
+        app.state.engine = engine
+        try:
+            yield
+        finally:
+            await lifespan.shutdown(app)
+
+    app = FastAPI(lifespan=life)
+    app.state.settings = settings
+    install_error_handlers(app)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"],
+                           allow_headers=["*"])
+    for module in (n8n, sessions, assistants):
+        app.include_router(module.router)
+    return app
+
+
+def make_settings(db_url: str, **extra):
+    values = dict(database_url=db_url, n8n_history_table="n8n_chat_histories", cors_origins=[],
+                  assistants_file=None)
+    values.update(extra)
+    return SimpleNamespace(**values)
+
+
+@asynccontextmanager
+async def running_app(settings, engine) -> AsyncIterator[httpx.AsyncClient]:
+    """Start the app (lifespan included) and yield a client bound to it; stop it on exit."""
+    app = build_app(settings, engine)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://chatloom") as client:
+            client.app = app
+            yield client
+
+
+# ---- a webhook server for tools ----------------------------------------------------------------
+
+
+class _Hook(BaseHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length) or b"null")
+        self.server.received.append((self.path, body))
+        if self.path.startswith("/slow"):
+            time.sleep(1.5)
+        if self.path.startswith("/fail"):
+            self._send(500, {"message": "workflow crashed"})
+        else:
+            self._send(200, [{"response": f"Sunny in {body.get('city', '?')}"}])
+
+    def _send(self, status: int, obj) -> None:
+        data = json.dumps(obj).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
+            pass
+
+
+@pytest.fixture
+def webhook_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
+    server.daemon_threads = True
+    server.received = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    server.base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+ROOT = Path(__file__).resolve().parents[2]
