@@ -51,14 +51,19 @@ class EngineConfig:
         if self.dtype not in _DTYPES:
             raise ValueError(f"EngineConfig.dtype must be one of {_DTYPES}, got {self.dtype!r}")
         if self.load_format not in _LOAD_FORMATS:
-            raise ValueError(f"EngineConfig.load_format must be one of {_LOAD_FORMATS}, got {self.load_format!r}")
+            raise ValueError(
+                f"EngineConfig.load_format must be one of {_LOAD_FORMATS}, got {self.load_format!r}"
+            )
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"EngineConfig.device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
-        if not self.enable_chunked_prefill and self.max_model_len is not None:
-            if self.max_num_batched_tokens < self.max_model_len:
-                raise ValueError(
-                    "EngineConfig.max_num_batched_tokens must be >= max_model_len when chunked prefill is off"
-                )
+        if (
+            not self.enable_chunked_prefill
+            and self.max_model_len is not None
+            and self.max_num_batched_tokens < self.max_model_len
+        ):
+            raise ValueError(
+                "EngineConfig.max_num_batched_tokens must be >= max_model_len when chunked prefill is off"
+            )
 
     def resolve_device(self) -> str:
         if self.device != "auto":

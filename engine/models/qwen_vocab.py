@@ -12,11 +12,28 @@ QWEN_PATTERN = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 SPECIAL_TOKENS = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
-    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-    "<|repo_name|>", "<|file_sep|>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
 ]  # ids 151643..151664
 NUM_RANKS = 151643
 EMBEDDING_ROWS = 151936
@@ -59,7 +76,9 @@ def qwen_tokenizer_json() -> Path:
             return _load_ranks(Path(tiktoken_url))
 
     tok = _Converter(vocab_file=str(_ranks_file()), pattern=QWEN_PATTERN).converted()
-    tok.add_special_tokens([AddedToken(t, special=t not in _NON_SPECIAL, normalized=False) for t in SPECIAL_TOKENS])
+    tok.add_special_tokens(
+        [AddedToken(t, special=t not in _NON_SPECIAL, normalized=False) for t in SPECIAL_TOKENS]
+    )
     assert tok.token_to_id("<|endoftext|>") == NUM_RANKS and tok.token_to_id("<|im_end|>") == EOS_ID
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(f".tmp{os.getpid()}")

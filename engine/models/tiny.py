@@ -29,6 +29,7 @@ TINY_SHAPE = dict(
     max_position_embeddings=4096,
     rms_norm_eps=1e-6,
     tie_word_embeddings=True,
+    initializer_range=0.1,  # wider than HF's 0.02 so a random model's greedy path varies
 )
 
 # the CPU benchmark shape of benchmarks.md (C1; G1/M1 with the real vocabulary)

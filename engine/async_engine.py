@@ -1,0 +1,157 @@
+"""Online engine: requests from the event loop, the step loop in a thread.
+
+engine = AsyncEngine(EngineConfig(model=...)); await engine.start()
+async for out in engine.generate(prompt, params, request_id="r1"): ...   # StepOutput deltas
+await engine.abort("r1")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+
+from engine.config import EngineConfig
+from engine.engine_core import EngineCore
+from engine.outputs import StepOutput
+from engine.sampling_params import SamplingParams
+
+log = logging.getLogger("chatloom.engine")
+
+_DONE = object()
+
+
+class AsyncEngine:
+    def __init__(self, config: EngineConfig | None = None, **kwargs) -> None:
+        self.config = config or EngineConfig(**kwargs)
+        self.core = EngineCore(self.config)
+        self.tokenizer = self.core.tokenizer
+        self.max_model_len = self.core.max_model_len
+        self.model_config = self.core.hf_config
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._wakeup = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._stats: dict = self.core.stats()
+        self._ids = itertools.count()
+        self.error: BaseException | None = None
+
+    # ---- lifecycle --------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="chatloom-engine", daemon=True)
+            self._thread.start()
+
+    async def shutdown(self) -> None:
+        self._stopping = True
+        self._wakeup.set()
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+            self._thread = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # ---- requests ---------------------------------------------------------------------------
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        retention_key: str | None = None,
+    ) -> AsyncIterator[StepOutput]:
+        """Yields StepOutputs (new tokens and text of one sample) until all n samples finish.
+        Leaving the loop early (or cancelling the task) aborts the request."""
+        if not self.running:
+            raise RuntimeError("AsyncEngine is not running: await engine.start() first")
+        rid = request_id or f"req-{next(self._ids)}"
+        ids = self.core.encode(prompt)
+        out_q: asyncio.Queue = asyncio.Queue()
+        self._streams[rid] = (asyncio.get_running_loop(), out_q)
+        done: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._commands.put(("add", rid, ids, params, retention_key, done))
+        self._wakeup.set()
+        remaining = params.n
+        try:
+            await done  # raises the engine's ValueError for an invalid request
+            while remaining:
+                item = await out_q.get()
+                if item is _DONE:
+                    raise RuntimeError(f"engine stopped: {self.error!r}")
+                if item.finish_reason is not None:
+                    remaining -= 1
+                yield item
+        finally:
+            self._streams.pop(rid, None)
+            if remaining:
+                self._commands.put(("abort", rid))
+                self._wakeup.set()
+
+    async def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id))
+        self._wakeup.set()
+
+    def stats(self) -> dict:
+        return dict(self._stats)
+
+    # ---- the engine thread ------------------------------------------------------------------
+    def _deliver(self, outputs: list[StepOutput]) -> None:
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is not None:
+                loop, q = stream
+                loop.call_soon_threadsafe(q.put_nowait, out)
+
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if cmd[0] == "add":
+                _, rid, ids, params, key, done = cmd
+                loop = self._streams[rid][0] if rid in self._streams else None
+                try:
+                    self.core.add_request(rid, ids, params, key)
+                    err = None
+                except ValueError as e:
+                    err = e
+                if loop is not None:
+                    loop.call_soon_threadsafe(_settle, done, err)
+            elif cmd[0] == "abort":
+                self._deliver(self.core.abort(cmd[1]))
+
+    def _loop(self) -> None:
+        try:
+            while not self._stopping:
+                self._run_commands()
+                if self.core.has_unfinished():
+                    outputs = self.core.step()
+                    self._deliver(outputs)
+                    self._stats = self.core.stats()
+                    if not outputs and not self.core.scheduler.running:
+                        self._wakeup.wait(timeout=0.002)  # only requests whose grammar still compiles
+                        self._wakeup.clear()
+                else:
+                    self._stats = self.core.stats()
+                    self._wakeup.wait(timeout=0.5)
+                    self._wakeup.clear()
+        except BaseException as e:  # the engine is dead: tell every waiting stream
+            log.exception("engine step loop failed")
+            self.error = e
+            for loop, q in list(self._streams.values()):
+                loop.call_soon_threadsafe(q.put_nowait, _DONE)
+
+
+def _settle(fut: asyncio.Future, err: BaseException | None) -> None:
+    if fut.done():
+        return
+    if err is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(err)

@@ -1,0 +1,65 @@
+"""Attention over the paged KV cache: one metadata object per step, one dispatch point for kernels.
+
+A step's tokens are laid out decodes first (one token per sequence), then prefill chunks; decodes
+use the batched decode kernel, prefill chunks the variable-length kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+try:
+    from kernels import dispatch as ops
+except ImportError:  # pragma: no cover
+    from kernels import reference as ops
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # (num_tokens,) int64, -1 = padding
+    num_decodes: int
+    decode_block_tables: torch.Tensor | None  # (num_decodes, max_blocks) int32
+    decode_seq_lens: torch.Tensor | None  # (num_decodes,) int32, incl. the new token
+    prefill_block_tables: torch.Tensor | None  # (num_prefills, max_blocks) int32
+    prefill_cu_seqlens_q: (
+        torch.Tensor | None
+    )  # (num_prefills + 1,) int32, offsets from the first prefill token
+    prefill_seq_lens: torch.Tensor | None  # (num_prefills,) int32
+    prefill_max_q: int = 0
+    decode_max_seq_len: int = 0  # python int: bound for split-K kernels (no host sync)
+
+
+def paged_attention(
+    q: torch.Tensor,  # (num_tokens, num_heads, head_dim)
+    k: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
+    v: torch.Tensor,
+    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
+    ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    nd = meta.num_decodes
+    if meta.prefill_block_tables is None:
+        return ops.decode_attention(
+            q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale, sliding_window
+        )
+    out = torch.empty_like(q)
+    if nd:
+        out[:nd] = ops.decode_attention(
+            q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale, sliding_window
+        )
+    out[nd:] = ops.paged_attention(
+        q[nd:],
+        k_cache,
+        v_cache,
+        meta.prefill_block_tables,
+        meta.prefill_cu_seqlens_q,
+        meta.prefill_seq_lens,
+        scale,
+        sliding_window,
+    )
+    return out

@@ -1,0 +1,72 @@
+"""Incremental detokenization, UTF-8 safe, with stop strings cut exactly.
+
+Text is decoded from a sliding window of tokens; a window whose text ends in an incomplete UTF-8
+sequence (U+FFFD) waits for more tokens. Text that could still become the start of a stop string is
+held back until it is known not to be one."""
+
+from __future__ import annotations
+
+
+class IncrementalDetokenizer:
+    def __init__(
+        self,
+        tokenizer,
+        prompt_ids: list[int],
+        stop: list[str],
+        skip_special_tokens: bool,
+        include_stop_str_in_output: bool = False,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.stop = stop
+        self.include_stop = include_stop_str_in_output
+        self.hold = max((len(s) for s in stop), default=1) - 1
+        self.ids: list[int] = list(prompt_ids[-6:])  # a little context: decoding may depend on it
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+        self.text = ""  # all output text decoded so far (may include a stop string, cut below)
+        self.emitted = 0  # characters of self.text already handed out
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def add(self, token_id: int) -> None:
+        self.ids.append(token_id)
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            self.text += full[len(prefix) :]
+            self.prefix_offset = self.read_offset
+            self.read_offset = len(self.ids)
+
+    def find_stop(self, new_chars: int) -> str | None:
+        """Looks for a stop string in the text added by the last add() calls (new_chars long);
+        on a hit cuts the text at it and returns it."""
+        if not self.stop:
+            return None
+        start = max(0, len(self.text) - new_chars - self.hold)
+        best = None
+        for s in self.stop:
+            pos = self.text.find(s, start)
+            if pos != -1 and (best is None or pos < best[0]):
+                best = (pos, s)
+        if best is None:
+            return None
+        pos, s = best
+        self.text = self.text[: pos + len(s)] if self.include_stop else self.text[:pos]
+        return s
+
+    def delta(self, finished: bool) -> str:
+        """Text not yet handed out; while running, keeps back what may begin a stop string."""
+        end = len(self.text) if finished or not self.stop else max(self.emitted, len(self.text) - self.hold)
+        out = self.text[self.emitted : end]
+        self.emitted = end
+        return out
+
+    def flush(self) -> None:
+        """At the end, decode any bytes still waiting for completion (as replacement chars)."""
+        rest = self._decode(self.ids[self.prefix_offset :])
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        if len(rest) > len(prefix):
+            self.text += rest[len(prefix) :]
+            self.prefix_offset = self.read_offset = len(self.ids)

@@ -1,0 +1,246 @@
+"""The step loop shared by LLM (offline) and AsyncEngine (online): admit requests, schedule,
+run the model, sample, detokenize, stop, free. Knows no sessions: a request may carry an opaque
+retention key that the block manager uses to choose what to evict."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.model_runner import ModelRunner
+from engine.models.loader import build_model, load_hf_config
+from engine.outputs import StepOutput, TokenLogprob
+from engine.sampler import Sampler, compute_logprobs
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+
+log = logging.getLogger("chatloom.engine")
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig) -> None:
+        from transformers import AutoTokenizer
+
+        t0 = time.perf_counter()
+        self.config = config
+        if not config.model:
+            raise ValueError("EngineConfig.model must name a checkpoint folder")
+        if not Path(config.model).is_dir():
+            raise ValueError(f"model folder {config.model!r} does not exist")
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.device = torch.device(config.resolve_device())
+        self.dtype = config.resolve_dtype(self.device.type)
+        self.hf_config = load_hf_config(config.model, config.hf_overrides)
+        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or config.model)
+        native = int(getattr(self.hf_config, "max_position_embeddings", 4096))
+        self.max_model_len = config.max_model_len or native
+        if config.max_model_len and config.max_model_len > native:
+            raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's {native} positions")
+        torch.manual_seed(config.seed)
+        model = build_model(
+            self.hf_config,
+            config.load_format,
+            config.model,
+            str(self.device),
+            self.dtype,
+            self.max_model_len,
+            config.seed,
+        )
+        self.vocab_size = int(self.hf_config.vocab_size)
+        self.runner = ModelRunner(model, self.hf_config, config, self.device, self.dtype)
+        self.block_manager = BlockManager(
+            self.runner.num_blocks, config.block_size, config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            self.block_manager,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            config.enable_chunked_prefill,
+        )
+        self.eos_token_ids = _eos_ids(self.hf_config, self.tokenizer, config.model)
+        self.sampler = Sampler(self.vocab_size, self.eos_token_ids, self.device, config.seed)
+        self.requests: dict[str, list[Sequence]] = {}
+        self.startup_seconds = time.perf_counter() - t0
+        log.info(
+            "engine ready in %.1fs: %s on %s (%s)",
+            self.startup_seconds,
+            config.model,
+            self.device,
+            self.dtype,
+        )
+
+    # ---- requests ---------------------------------------------------------------------------
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, add_special_tokens=False)
+        return list(prompt)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        retention_key: str | None = None,
+    ) -> list[Sequence]:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already running")
+        ids = self.encode(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty")
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
+        need = len(ids) + (params.max_tokens or 1)
+        if need > self.max_model_len:
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context length "
+                f"{self.max_model_len}"
+            )
+        if -(-need // self.config.block_size) > self.block_manager.num_blocks:
+            raise ValueError("the request needs more KV blocks than the whole cache holds")
+        if retention_key is not None:
+            self.block_manager.touch_key(retention_key)
+        seqs = []
+        for i in range(params.n):
+            seq = Sequence(request_id, ids, params, index=i, retention_key=retention_key)
+            seq.detok = IncrementalDetokenizer(
+                self.tokenizer,
+                ids,
+                params.stop,
+                params.skip_special_tokens,
+                params.include_stop_str_in_output,
+            )
+            if params.seed is not None:
+                seq.generator = torch.Generator(device=self.device).manual_seed(params.seed + i)
+            seqs.append(seq)
+            self.scheduler.add(seq)
+        self.requests[request_id] = seqs
+        return seqs
+
+    def abort(self, request_id: str) -> list[StepOutput]:
+        outs = []
+        for seq in self.requests.pop(request_id, []):
+            if not seq.is_finished:
+                self.scheduler.finish(seq)
+                seq.finish_reason = "abort"
+                outs.append(self._output(seq, [], None, ""))
+        return outs
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def reset_prefix_cache(self) -> None:
+        self.block_manager.reset_prefix_cache()
+
+    def stats(self) -> dict:
+        bm = self.block_manager
+        return {
+            "free_blocks": bm.num_free_blocks,
+            "total_blocks": bm.num_blocks,
+            "blocks_in_use": bm.num_blocks - bm.num_free_blocks,
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "prefix_cache_hit_tokens": bm.prefix_cache_hit_tokens,
+            "prefix_cache_queried_tokens": bm.prefix_cache_queried_tokens,
+            "num_preemptions": self.scheduler.num_preemptions,
+        }
+
+    # ---- the step ---------------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        for seq in batch.seqs:
+            if seq.constraint is None and seq.params.constraint is not None:
+                seq.constraint = seq.params.constraint.new()
+        logits, sampling = self.runner.execute(batch)
+        self.scheduler.after_step(batch)
+        if logits is None:
+            return []
+        seqs = [batch.seqs[i] for i in sampling]
+        raw = logits if any(s.params.logprobs is not None for s in seqs) else None
+        if raw is not None:
+            raw = raw.clone()
+        logits = self.sampler.process(logits, seqs)
+        token_ids = self.sampler.sample(logits, seqs)
+        lps = compute_logprobs(raw, token_ids, [s.params.logprobs for s in seqs]) if raw is not None else None
+        outputs = []
+        for i, (seq, tok) in enumerate(zip(seqs, token_ids.tolist(), strict=True)):
+            lp = None
+            if lps is not None and lps[i] is not None:
+                lp = TokenLogprob(tok, lps[i][0], lps[i][1])
+                seq.logprobs.append(lp)
+            outputs.append(self._append(seq, tok, lp))
+        return outputs
+
+    def _append(self, seq: Sequence, tok: int, lp: TokenLogprob | None) -> StepOutput:
+        p = seq.params
+        if seq.constraint is not None:
+            seq.constraint.accept_token(tok)
+        seq.append_token(tok)
+        before = len(seq.detok.text)
+        reason = None
+        if not p.ignore_eos and tok in self.eos_token_ids and seq.num_output_tokens > p.min_tokens - 1:
+            reason = "stop"
+        elif tok in p.stop_token_ids:
+            reason, seq.stop_reason = "stop", tok
+        else:
+            seq.detok.add(tok)
+            hit = seq.detok.find_stop(len(seq.detok.text) - before)
+            if hit is not None:
+                reason, seq.stop_reason = "stop", hit
+        if reason is None:
+            if seq.constraint is not None and seq.constraint.is_terminated():
+                reason = "stop"
+            elif (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or (
+                seq.num_tokens >= self.max_model_len
+            ):
+                reason = "length"
+        if reason is not None:
+            if reason == "length":
+                seq.detok.flush()
+            seq.finish_reason = reason
+            self.scheduler.finish(seq)
+            if all(s.is_finished for s in self.requests.get(seq.request_id, [])):
+                self.requests.pop(seq.request_id, None)
+        return self._output(seq, [tok], lp, seq.detok.delta(reason is not None))
+
+    def _output(self, seq: Sequence, new_ids: list[int], lp: TokenLogprob | None, delta: str) -> StepOutput:
+        return StepOutput(
+            request_id=seq.request_id,
+            index=seq.index,
+            new_token_ids=new_ids,
+            text_delta=delta,
+            finish_reason=seq.finish_reason,
+            logprobs=[lp] if lp is not None else None,
+            prompt_tokens=seq.num_prompt_tokens,
+            cached_tokens=seq.num_cached_tokens,
+            stop_reason=seq.stop_reason,
+        )
+
+
+def _eos_ids(hf_config, tokenizer, model_path: str) -> set[int]:
+    ids: set[int] = set()
+
+    def add(v) -> None:
+        if isinstance(v, int):
+            ids.add(v)
+        elif isinstance(v, list | tuple):
+            ids.update(x for x in v if isinstance(x, int))
+
+    add(getattr(hf_config, "eos_token_id", None))
+    add(tokenizer.eos_token_id)
+    gen = Path(model_path) / "generation_config.json"
+    if gen.exists():
+        import json
+
+        add(json.loads(gen.read_text()).get("eos_token_id"))
+    return ids

@@ -1,0 +1,134 @@
+"""Turns a step's logits into next tokens: bias, penalties, logits processors, grammar masks,
+then greedy or temperature / top-k / top-p / min-p sampling, and logprobs."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.sequence import Sequence
+
+try:
+    from kernels import dispatch as ops
+except ImportError:  # pragma: no cover
+    from kernels import reference as ops
+
+
+class Sampler:
+    def __init__(self, vocab_size: int, eos_token_ids: set[int], device: torch.device, seed: int) -> None:
+        self.vocab_size = vocab_size
+        self.eos_token_ids = sorted(eos_token_ids)
+        self.device = device
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self._bitmask: torch.Tensor | None = None
+
+    def _bitmask_for(self, rows: int) -> torch.Tensor:
+        words = (self.vocab_size + 31) // 32
+        if self._bitmask is None or self._bitmask.shape[0] < rows:
+            self._bitmask = torch.empty((rows, words), dtype=torch.int32)
+        return self._bitmask[:rows]
+
+    def process(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """Per-sequence logit changes, in place where possible. logits: (batch, vocab) float32."""
+        for i, seq in enumerate(seqs):
+            p = seq.params
+            if p.logit_bias:
+                ids = torch.tensor(list(p.logit_bias), device=logits.device)
+                logits[i, ids] += torch.tensor(list(p.logit_bias.values()), device=logits.device)
+            if p.needs_penalties:
+                _apply_penalties(logits[i], seq, p)
+            if p.min_tokens and seq.num_output_tokens < p.min_tokens:
+                banned = self.eos_token_ids + list(p.stop_token_ids)
+                if banned:
+                    logits[i, banned] = float("-inf")
+            for proc in p.logits_processors:
+                logits[i] = proc(seq.output_token_ids, logits[i])
+        constrained = [i for i, s in enumerate(seqs) if s.constraint is not None]
+        if constrained:
+            bitmask = self._bitmask_for(len(seqs))
+            bitmask[:].fill_(-1)
+            for i in constrained:
+                seq = seqs[i]
+                budget = _remaining_tokens(seq)
+                seq.constraint.fill_bitmask(bitmask, i, budget)
+            ops.apply_token_bitmask_(logits, bitmask.to(logits.device, non_blocking=True))
+        return logits
+
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """(batch, vocab) processed logits -> (batch,) token ids."""
+        if all(s.params.greedy for s in seqs):
+            return logits.argmax(dim=-1)
+        temps = torch.tensor(
+            [1.0 if s.params.greedy else s.params.temperature for s in seqs],
+            device=logits.device,
+            dtype=torch.float32,
+        )
+        probs = torch.softmax(logits / temps[:, None], dim=-1)
+        probs = _filter(probs, seqs)
+        # exponential race: argmax(p / E), E ~ Exp(1), samples from p; per-seed generators where asked
+        noise = torch.empty_like(probs)
+        for i, s in enumerate(seqs):
+            noise[i].exponential_(generator=s.generator if s.generator is not None else self.generator)
+        sampled = (probs / noise).argmax(dim=-1)
+        greedy_rows = torch.tensor([s.params.greedy for s in seqs], device=logits.device)
+        if bool(greedy_rows.any()):
+            sampled = torch.where(greedy_rows, logits.argmax(dim=-1), sampled)
+        return sampled
+
+
+def _remaining_tokens(seq: Sequence) -> int:
+    limit = seq.params.max_tokens
+    left = 1 << 30 if limit is None else limit - seq.num_output_tokens
+    return max(left, 0)
+
+
+def _apply_penalties(row: torch.Tensor, seq: Sequence, p) -> None:
+    out = seq.output_token_ids
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(seq.token_ids)), device=row.device, dtype=torch.long)
+        vals = row[seen]
+        row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+    if out and (p.frequency_penalty or p.presence_penalty):
+        ids, counts = torch.tensor(out, device=row.device).unique(return_counts=True)
+        row[ids] -= p.frequency_penalty * counts.to(row.dtype) + p.presence_penalty
+
+
+def _filter(probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    top_k = [s.params.top_k for s in seqs]
+    top_p = [s.params.top_p for s in seqs]
+    min_p = [s.params.min_p for s in seqs]
+    if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
+        sorted_p, idx = probs.sort(dim=-1, descending=True)
+        keep = torch.ones_like(sorted_p, dtype=torch.bool)
+        if any(k > 0 for k in top_k):
+            ks = torch.tensor([k if k > 0 else probs.shape[-1] for k in top_k], device=probs.device)
+            keep &= torch.arange(probs.shape[-1], device=probs.device)[None, :] < ks[:, None]
+        if any(p < 1.0 for p in top_p):
+            ps = torch.tensor(top_p, device=probs.device, dtype=probs.dtype)
+            before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly before each token
+            keep &= before < ps[:, None]
+        sorted_p = sorted_p * keep
+        probs = torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
+    if any(m > 0 for m in min_p):
+        ms = torch.tensor(min_p, device=probs.device, dtype=probs.dtype)
+        probs = torch.where(probs < ms[:, None] * probs.max(dim=-1, keepdim=True).values, 0.0, probs)
+    return probs
+
+
+def compute_logprobs(
+    logits: torch.Tensor, token_ids: torch.Tensor, top: list[int | None]
+) -> list[tuple[float, list[tuple[int, float]]] | None]:
+    """Logprob of each chosen token under the model's distribution (raw logits), and its top-k."""
+    if all(t is None for t in top):
+        return [None] * len(top)
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = lp.gather(1, token_ids.view(-1, 1)).squeeze(1).tolist()
+    k = max(t or 0 for t in top)
+    top_vals, top_ids = lp.topk(k, dim=-1) if k else (None, None)
+    result: list = []
+    for i, t in enumerate(top):
+        if t is None:
+            result.append(None)
+            continue
+        pairs = list(zip(top_ids[i, :t].tolist(), top_vals[i, :t].tolist(), strict=True)) if t else []
+        result.append((chosen[i], pairs))
+    return result

@@ -1,0 +1,82 @@
+"""Per-sequence state: tokens, KV blocks, progress, detokenizer and constraint state. No torch."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from typing import Any
+
+from engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+_ids = itertools.count()
+
+
+class Sequence:
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        index: int = 0,
+        retention_key: str | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        self.seq_id = next(_ids)
+        self.request_id = request_id
+        self.index = index  # which of the request's n samples
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.token_ids = list(prompt_token_ids)  # prompt + generated
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.retention_key = retention_key
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.status = SequenceStatus.WAITING
+        self.block_table: list[int] = []
+        self.block_hashes: list[int] = []  # chain hashes of this sequence's full blocks, in order
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at admission
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.num_preemptions = 0
+        # owned by other layers; kept here so a request is one object
+        self.detok: Any = None
+        self.constraint: Any = None
+        self.generator: Any = None
+        self.logprobs: list | None = [] if params.logprobs is not None else None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence(id={self.seq_id}, req={self.request_id!r}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, blocks={len(self.block_table)}, {self.status.value})"
+        )
