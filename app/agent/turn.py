@@ -31,7 +31,7 @@ MAX_TOOL_ROUNDS = 4  # model calls that may end in tool calls; one more answers 
 DEFAULT_MAX_TOKENS = 512
 DEFAULT_MAX_TURNS = 50
 _SAMPLING_KEYS = {f.name for f in fields(SamplingParams)} - {
-    "n", "constraint", "logits_processors", "logprobs"
+    "n", "constraint", "logits_processors", "logprobs", "skip_special_tokens"
 }
 
 
@@ -190,7 +190,9 @@ async def _run_turn_locked(
         else:
             prompt_ids = replay.render_ids(tokenizer, kept, **render)
         constraint = _constraint(tokenizer, tools, choice, sampling["max_tokens"])
-        params = SamplingParams(**sampling, constraint=constraint)
+        # tool-call tags are added tokens that decode() drops when skipping specials; stop
+        # tokens are never detokenized, so nothing else special shows up in the text
+        params = SamplingParams(**sampling, constraint=constraint, skip_special_tokens=False)
 
         request_id = f"turn-{uuid.uuid4().hex}"
         # the API's streaming parser: Content events are what the user sees, call markup never is

@@ -95,10 +95,11 @@ class FakeEngine:
         reply = self.replies.popleft() if self.replies else f"Reply number {len(self.calls)}."
         ids = reply if isinstance(reply, list) else self.tokenizer.encode(reply, add_special_tokens=False)
         done: list[int] = []
+        skip = params.skip_special_tokens
         for tid in ids:
-            before = self.tokenizer.decode(done, skip_special_tokens=True)
+            before = self.tokenizer.decode(done, skip_special_tokens=skip)
             done.append(tid)
-            delta = self.tokenizer.decode(done, skip_special_tokens=True)[len(before):]
+            delta = self.tokenizer.decode(done, skip_special_tokens=skip)[len(before):]
             await asyncio.sleep(0)
             yield StepOutput(request_id, 0, [tid], delta)
         yield StepOutput(request_id, 0, [self.tokenizer.eos_token_id], "", finish_reason="stop")
