@@ -1,0 +1,1 @@
+"""HTTP surfaces, one router per resource."""

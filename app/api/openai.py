@@ -1,0 +1,164 @@
+"""OpenAI-compatible surface: chat completions, completions, models (with and without /v1)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from app.chat.generation import EngineRun, check_context, make_params, new_id, sampling_fields
+from app.chat.serving import SSE_DONE, sse
+from app.deps import ApiKey, ServingDep
+from app.errors import APIError
+from app.schemas.chat import ChatCompletionRequest
+from app.schemas.common import Model, ModelList
+from app.schemas.completions import CompletionRequest
+
+router = APIRouter(dependencies=[ApiKey], tags=["openai"])
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def sse_response(body) -> StreamingResponse:
+    return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+@router.get("/v1/models", response_model=ModelList)
+@router.get("/models", response_model=ModelList, include_in_schema=False)
+async def list_models(serving: ServingDep) -> ModelList:
+    created = getattr(serving, "created", None) or int(time.time())
+    return ModelList(
+        data=[Model(id=serving.served_name, created=created, max_model_len=serving.max_model_len)]
+    )
+
+
+@router.get("/v1/models/{model_id:path}", response_model=Model)
+@router.get("/models/{model_id:path}", response_model=Model, include_in_schema=False)
+async def get_model(model_id: str, serving: ServingDep) -> Model:
+    if model_id != serving.served_name and serving.settings.strict_model_names:
+        raise APIError(f"The model {model_id!r} does not exist.", 404, param="model", code="model_not_found")
+    return Model(id=model_id, created=int(time.time()), max_model_len=serving.max_model_len)
+
+
+@router.post("/v1/chat/completions")
+@router.post("/chat/completions", include_in_schema=False)
+async def chat_completions(body: ChatCompletionRequest, request: Request, serving: ServingDep):
+    prep = await serving.prepare_chat(body)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return sse_response(serving.chat_stream(prep, include_usage))
+    return JSONResponse(await serving.chat_completion(prep, request))
+
+
+# ---- legacy completions --------------------------------------------------------------------------
+
+
+@router.post("/v1/completions")
+@router.post("/completions", include_in_schema=False)
+async def completions(body: CompletionRequest, request: Request, serving: ServingDep):
+    model = serving.model_name(body.model)
+    serving.check_n(body.n)
+    if body.suffix:
+        raise APIError("suffix is not supported.", param="suffix")
+    if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str):
+        prompt_text: str | None = body.prompt[0]
+    elif isinstance(body.prompt, str):
+        prompt_text = body.prompt
+    else:
+        prompt_text = None
+    if prompt_text is not None:
+        prompt_ids = serving.renderer.encode(prompt_text)
+    else:
+        prompt_ids = list(body.prompt)  # type: ignore[arg-type]
+        if any(not 0 <= t < serving.vocab_size for t in prompt_ids):
+            raise APIError("prompt token ids must be inside the vocabulary.", param="prompt")
+    if not prompt_ids:
+        raise APIError("prompt must not be empty.", param="prompt")
+    max_tokens = check_context(len(prompt_ids), body.max_tokens, serving.max_model_len, "prompt")
+    params = make_params(
+        **sampling_fields(body, serving.vocab_size), max_tokens=max_tokens, logprobs=body.logprobs
+    )
+    rid = new_id("cmpl")
+    created = int(time.time())
+    echo = serving.tokenizer.decode(prompt_ids) if body.echo else ""
+    run = EngineRun(serving.engine, prompt_ids, params, rid, serving.metrics)
+    base = {"id": rid, "object": "text_completion", "created": created, "model": model}
+    want_lp = body.logprobs is not None
+
+    def lp_block(items: list[Any], offset: int) -> dict[str, Any]:
+        tokens, lps, tops, offsets = [], [], [], []
+        for item in items:
+            text, _ = serving.token_text(item.token_id)
+            tokens.append(text)
+            lps.append(item.logprob if item.logprob > -1e30 else -9999.0)
+            tops.append({serving.token_text(t)[0]: lp for t, lp in (item.top or [])[: body.logprobs]})
+            offsets.append(offset)
+            offset += len(text)
+        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        async def stream():
+            offsets = [len(echo)] * body.n
+            try:
+                if echo:
+                    for i in range(body.n):
+                        yield sse(_chunk(base, i, echo, None, None, include_usage))
+                async for out in run:
+                    lp = lp_block(out.logprobs or [], offsets[out.index]) if want_lp else None
+                    offsets[out.index] += len(out.text_delta)
+                    reason = (
+                        "length" if out.finish_reason == "length" else ("stop" if out.finish_reason else None)
+                    )
+                    if out.text_delta or reason:
+                        yield sse(_chunk(base, out.index, out.text_delta, reason, lp, include_usage))
+                if include_usage:
+                    yield sse({**base, "choices": [], "usage": _usage(run)})
+                yield SSE_DONE
+            finally:
+                await run.close()
+
+        return sse_response(stream())
+
+    texts = [[echo] for _ in range(body.n)]
+    reasons: list[str | None] = [None] * body.n
+    lps: list[list[Any]] = [[] for _ in range(body.n)]
+    try:
+        async for out in run:
+            texts[out.index].append(out.text_delta)
+            lps[out.index] += out.logprobs or []
+            if out.finish_reason:
+                reasons[out.index] = "length" if out.finish_reason == "length" else "stop"
+    finally:
+        await run.close()
+    choices = [
+        {
+            "index": i,
+            "text": "".join(texts[i]),
+            "finish_reason": reasons[i] or "stop",
+            "logprobs": lp_block(lps[i], len(echo)) if want_lp else None,
+        }
+        for i in range(body.n)
+    ]
+    return JSONResponse({**base, "choices": choices, "usage": _usage(run), "system_fingerprint": None})
+
+
+def _chunk(base, index, text, reason, logprobs, include_usage) -> dict[str, Any]:
+    body = {
+        **base,
+        "choices": [{"index": index, "text": text, "finish_reason": reason, "logprobs": logprobs}],
+    }
+    if include_usage:
+        body["usage"] = None
+    return body
+
+
+def _usage(run: EngineRun) -> dict[str, Any]:
+    return {
+        "prompt_tokens": run.prompt_tokens,
+        "completion_tokens": run.completion_tokens,
+        "total_tokens": run.prompt_tokens + run.completion_tokens,
+    }

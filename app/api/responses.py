@@ -1,0 +1,128 @@
+"""POST /v1/responses (n8n's default path), streaming with typed events or one JSON object."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from app.api.openai import SSE_HEADERS
+from app.chat import responses as convert
+from app.chat.generation import new_id, sampling_fields
+from app.chat.serving import Prepared, Serving
+from app.deps import ApiKey, ServingDep
+from app.errors import error_body
+from app.schemas.responses import ResponsesRequest
+
+router = APIRouter(dependencies=[ApiKey], tags=["responses"])
+log = logging.getLogger("chatloom.responses")
+
+
+class _SamplingView:
+    """The sampling fields of a Responses request under the chat names sampling_fields reads."""
+
+    def __init__(self, req: ResponsesRequest) -> None:
+        self.n = 1
+        self.temperature = req.temperature
+        self.top_p = req.top_p
+        self.seed = None
+        self.stop = None
+        self.frequency_penalty = None
+        self.presence_penalty = None
+        self.logit_bias = None
+        self.top_k = None
+        self.min_p = None
+        self.repetition_penalty = None
+
+
+async def _prepare(serving: Serving, body: ResponsesRequest) -> Prepared:
+    model = serving.model_name(body.model)
+    return await serving.prepare(
+        messages=convert.input_messages(body),
+        tools=convert.chat_tools(body),
+        tool_choice=convert.chat_tool_choice(body),
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+        response_format=convert.response_format(body),
+        max_tokens=body.max_output_tokens,
+        fields=sampling_fields(_SamplingView(body), serving.vocab_size),
+        top_logprobs=None,
+        model=model,
+        request_id=new_id("resp"),
+    )
+
+
+def _event(data: dict) -> bytes:
+    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {data['type']}\ndata: {payload}\n\n".encode()
+
+
+@router.post("/v1/responses")
+@router.post("/responses", include_in_schema=False)
+async def create_response(body: ResponsesRequest, request: Request, serving: ServingDep):
+    prep = await _prepare(serving, body)
+    builder = convert.ResponseBuilder(body, prep.model, prep.params.max_tokens)
+    if not body.stream:
+        choices, run = await serving.collect(prep, request)
+        choice = choices[0]
+        builder.feed([*_content_events(choice.content), *_call_events(choice.calls)])
+        status = "incomplete" if choice.engine_reason == "length" else "completed"
+        usage = builder.usage(run.prompt_tokens, run.completion_tokens, run.cached_tokens)
+        builder.finish(status, usage)
+        return JSONResponse(builder.response(status, usage))
+
+    async def stream():
+        run = serving.run(prep)
+        parser = serving.parsers(prep)[0]
+        try:
+            for ev in builder.start():
+                yield _event(ev)
+            reason = None
+            async for out in run:
+                events = parser.feed(out.text_delta)
+                if out.finish_reason is not None:
+                    reason = out.finish_reason
+                    events += parser.finish()
+                for ev in builder.feed(events):
+                    yield _event(ev)
+            status = "incomplete" if reason == "length" else "completed"
+            usage = builder.usage(run.prompt_tokens, run.completion_tokens, run.cached_tokens)
+            for ev in builder.finish(status, usage):
+                yield _event(ev)
+        except Exception as exc:
+            log.exception("error while streaming %s", prep.request_id)
+            err = error_body(f"Internal error while generating: {type(exc).__name__}", "server_error")[
+                "error"
+            ]
+            yield _event(
+                {
+                    "type": "error",
+                    "sequence_number": 0,
+                    "message": err["message"],
+                    "code": "server_error",
+                    "param": None,
+                }
+            )
+        finally:
+            await run.close()
+
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def _content_events(parts: list[str]):
+    from app.chat.tool_parser import Content
+
+    text = "".join(parts)
+    return [Content(text)] if text else []
+
+
+def _call_events(calls: list[dict]):
+    from app.chat.tool_parser import CallArgs, CallStart
+
+    out = []
+    for i, call in enumerate(calls):
+        out.append(CallStart(i, call["id"], call["function"]["name"]))
+        if call["function"]["arguments"]:
+            out.append(CallArgs(i, call["function"]["arguments"]))
+    return out

@@ -1,0 +1,1 @@
+"""Between the wire and the engine: prompt rendering, tool-call parsing, generation plumbing."""

@@ -1,0 +1,230 @@
+"""One request's trip through the engine: sampling parameters from the wire fields, the context
+check, streaming with metrics, and aborting in the engine when the client goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from functools import lru_cache
+from typing import Any
+
+import anyio
+
+from app.errors import APIError
+from app.metrics import Metrics
+
+log = logging.getLogger("chatloom.generation")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}" if prefix != "resp" else f"resp_{uuid.uuid4().hex}"
+
+
+def check_context(prompt_len: int, max_tokens: int | None, max_model_len: int, param: str) -> int:
+    """The max_tokens to use (filling the context when not given); 400 when the request cannot fit."""
+    if prompt_len >= max_model_len:
+        raise APIError(
+            f"This model's maximum context length is {max_model_len} tokens, but the prompt has "
+            f"{prompt_len} tokens. Shorten the {param}.",
+            param=param,
+            code="context_length_exceeded",
+        )
+    if max_tokens is None:
+        return max_model_len - prompt_len
+    if prompt_len + max_tokens > max_model_len:
+        raise APIError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for the "
+            "completion). Reduce the prompt or the max tokens.",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    return max_tokens
+
+
+def logit_bias_ids(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for key, value in (bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise APIError(f"logit_bias keys must be token ids, got {key!r}.", param="logit_bias") from None
+        if not 0 <= token < vocab_size:
+            raise APIError(f"logit_bias token id {token} is outside the vocabulary.", param="logit_bias")
+        out[token] = value
+    return out
+
+
+def sampling_fields(req: Any, vocab_size: int) -> dict[str, Any]:
+    """SamplingParams fields common to chat and completions requests."""
+    temperature = 1.0 if req.temperature is None else req.temperature
+    top_p = 1.0 if req.top_p is None else req.top_p
+    if top_p == 0.0:  # only the most likely token survives: greedy
+        temperature, top_p = 0.0, 1.0
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    fields: dict[str, Any] = dict(
+        n=req.n,
+        temperature=temperature,
+        top_p=top_p,
+        seed=req.seed,
+        stop=stop,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        presence_penalty=req.presence_penalty or 0.0,
+        logit_bias=logit_bias_ids(req.logit_bias, vocab_size),
+    )
+    if req.top_k is not None and req.top_k != 0:
+        fields["top_k"] = req.top_k
+    if req.min_p is not None:
+        fields["min_p"] = req.min_p
+    if req.repetition_penalty is not None:
+        fields["repetition_penalty"] = req.repetition_penalty
+    return fields
+
+
+def make_params(**fields: Any):
+    from engine import SamplingParams
+
+    try:
+        return SamplingParams(**fields)
+    except ValueError as exc:
+        raise APIError(str(exc)) from exc
+
+
+class EngineRun:
+    """Iterates an engine request's StepOutputs, recording metrics; close() aborts it in the
+    engine unless it finished (client gone, cancelled, or an error while sending)."""
+
+    def __init__(
+        self,
+        engine: Any,
+        prompt: list[int],
+        params: Any,
+        request_id: str,
+        metrics: Metrics | None,
+        retention_key: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.prompt = prompt
+        self.params = params
+        self.request_id = request_id
+        self.metrics = metrics
+        self.retention_key = retention_key
+        self.finished = False
+        self._gen = None
+        self._start = time.perf_counter()
+        self._last: dict[int, float] = {}  # sample index -> time of its last token
+        self.completion_tokens = 0
+        self.prompt_tokens = len(prompt)
+        self.cached_tokens = 0
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        self._gen = self.engine.generate(
+            self.prompt, self.params, request_id=self.request_id, retention_key=self.retention_key
+        )
+        first = True
+        async for out in self._gen:
+            now = time.perf_counter()
+            if out.new_token_ids:
+                count = len(out.new_token_ids)
+                self.completion_tokens += count
+                if self.metrics is not None:
+                    if first:
+                        self.metrics.ttft.observe(now - self._start)
+                    elif out.index in self._last:
+                        self.metrics.itl.observe((now - self._last[out.index]) / count)
+                first = False
+                self._last[out.index] = now
+            if out.prompt_tokens:
+                self.prompt_tokens = out.prompt_tokens
+            self.cached_tokens = max(self.cached_tokens, out.cached_tokens or 0)
+            yield out
+        self.finished = True
+        if self.metrics is not None:
+            self.metrics.prompt_tokens.inc(self.prompt_tokens)
+            self.metrics.generation_tokens.inc(self.completion_tokens)
+            self.metrics.e2e.observe(time.perf_counter() - self._start)
+
+    async def close(self) -> None:
+        with anyio.CancelScope(shield=True):
+            if not self.finished:
+                log.info("aborting request %s", self.request_id)
+                try:
+                    await self.engine.abort(self.request_id)
+                except Exception:
+                    log.exception("abort of %s failed", self.request_id)
+            if self._gen is not None:
+                await self._gen.aclose()
+
+
+async def watch_disconnect(request: Any, run: EngineRun, interval: float = 0.2) -> None:
+    """For non-streaming answers: abort the engine request when the client disconnects."""
+    while not run.finished:
+        if await request.is_disconnected():
+            log.info("client of %s disconnected", run.request_id)
+            await run.close()
+            return
+        await asyncio.sleep(interval)
+
+
+# ---- token text for logprobs ---------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    # the GPT-2 byte-level alphabet: each byte shown as one printable char
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+
+
+class TokenText:
+    """token id -> (text, utf-8 bytes) for logprobs, cached per tokenizer."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+        self._special = set(getattr(tokenizer, "all_special_ids", []) or [])
+
+    def __call__(self, token_id: int) -> tuple[str, list[int]]:
+        hit = self._cache.get(token_id)
+        if hit is not None:
+            return hit
+        piece = self.tokenizer.convert_ids_to_tokens(token_id)
+        decoder = _byte_decoder()
+        if piece is not None and token_id not in self._special and all(ch in decoder for ch in piece):
+            raw = bytes(decoder[ch] for ch in piece)
+        else:
+            raw = self.tokenizer.decode([token_id]).encode("utf-8")
+        hit = (raw.decode("utf-8", errors="replace"), list(raw))
+        self._cache[token_id] = hit
+        return hit
+
+    def chat_logprobs(self, items: list[Any], top_n: int) -> list[dict[str, Any]]:
+        """engine TokenLogprobs -> openai ChatCompletionTokenLogprob dicts."""
+        out = []
+        for item in items:
+            text, raw = self(item.token_id)
+            tops = []
+            for tid, lp in (item.top or [])[:top_n]:
+                t_text, t_raw = self(tid)
+                tops.append({"token": t_text, "bytes": t_raw, "logprob": _finite(lp)})
+            out.append({"token": text, "bytes": raw, "logprob": _finite(item.logprob), "top_logprobs": tops})
+        return out
+
+
+def _finite(value: float) -> float:
+    # JSON has no -inf; a masked-out token gets the most negative float the SDK parses
+    return value if value > -1e30 else -9999.0

@@ -1,0 +1,353 @@
+"""Chat completions over the engine: request -> prompt ids + SamplingParams -> JSON or SSE chunks.
+The Responses API reuses prepare() with its own input conversion."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.chat.constraints import build_constraint
+from app.chat.generation import (
+    EngineRun,
+    TokenText,
+    check_context,
+    make_params,
+    new_id,
+    sampling_fields,
+    watch_disconnect,
+)
+from app.chat.template import ChatMessage, PromptRenderer
+from app.chat.tool_parser import CallArgs, CallStart, Content, Event, ToolCallParser
+from app.errors import APIError, error_body
+from app.metrics import Metrics
+from app.schemas.chat import (
+    AssistantMessage,
+    ChatCompletionRequest,
+    NamedToolChoice,
+    ToolMessage,
+)
+from app.settings import Settings
+
+log = logging.getLogger("chatloom.serving")
+
+
+def sse(data: Any) -> bytes:
+    return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.text for part in content)
+
+
+@dataclass
+class Prepared:
+    request_id: str
+    prompt_ids: list[int]
+    params: Any  # engine.SamplingParams
+    parse_tools: bool
+    top_logprobs: int | None  # None: no logprobs asked
+    model: str
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass
+class Choice:
+    """Accumulated result of one sample for a non-streaming answer."""
+
+    content: list[str] = field(default_factory=list)
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    engine_reason: str | None = None
+    tokens: int = 0
+
+    def add(self, events: list[Event]) -> None:
+        for ev in events:
+            if isinstance(ev, Content):
+                self.content.append(ev.text)
+            elif isinstance(ev, CallStart):
+                self.calls.append(
+                    {"id": ev.id, "type": "function", "function": {"name": ev.name, "arguments": ""}}
+                )
+            elif isinstance(ev, CallArgs):
+                self.calls[ev.index]["function"]["arguments"] += ev.fragment
+
+
+def finish_reason(engine_reason: str | None, made_calls: bool) -> str:
+    if engine_reason == "length":
+        return "length"
+    return "tool_calls" if made_calls else "stop"
+
+
+def chat_messages(req: ChatCompletionRequest) -> list[ChatMessage]:
+    out: list[ChatMessage] = []
+    for m in req.messages:
+        role = "system" if m.role == "developer" else m.role
+        if isinstance(m, AssistantMessage):
+            calls = [c.model_dump() for c in m.tool_calls] if m.tool_calls else None
+            out.append(ChatMessage("assistant", content_text(m.content), tool_calls=calls))
+        elif isinstance(m, ToolMessage):
+            out.append(ChatMessage("tool", content_text(m.content), tool_call_id=m.tool_call_id))
+        else:
+            out.append(ChatMessage(role, content_text(m.content)))
+    return out
+
+
+def check_tools(tools: list[dict[str, Any]] | None, tool_choice: Any) -> None:
+    """400 for tool_choice that cannot be honoured with the given tools."""
+    names = [t["function"]["name"] for t in tools or []]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise APIError(f"Tool names must be unique; repeated: {', '.join(dupes)}.", param="tools")
+    if tool_choice == "required" and not names:
+        raise APIError("tool_choice 'required' needs at least one tool in 'tools'.", param="tool_choice")
+    if isinstance(tool_choice, dict):
+        name = tool_choice["function"]["name"]
+        if name not in names:
+            raise APIError(
+                f"tool_choice names function {name!r}, which is not in 'tools'.", param="tool_choice"
+            )
+
+
+class Serving:
+    def __init__(self, engine: Any, settings: Settings, metrics: Metrics | None = None) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.metrics = metrics
+        self.tokenizer = engine.tokenizer
+        self.renderer = PromptRenderer(self.tokenizer)
+        self.token_text = TokenText(self.tokenizer)
+        self.max_model_len: int = engine.max_model_len
+        self.vocab_size = len(self.tokenizer)
+        self.served_name = settings.model_name()
+
+    def model_name(self, requested: str | None) -> str:
+        if requested and self.settings.strict_model_names and requested != self.served_name:
+            raise APIError(
+                f"The model {requested!r} does not exist; this server serves {self.served_name!r}.",
+                404,
+                param="model",
+                code="model_not_found",
+            )
+        return requested or self.served_name
+
+    def check_n(self, n: int) -> None:
+        if n > self.settings.max_n:
+            raise APIError(f"n must be at most {self.settings.max_n}, got {n}.", param="n")
+
+    async def prepare(
+        self,
+        *,
+        messages: list[ChatMessage],
+        tools: list[dict[str, Any]] | None,
+        tool_choice: Any,
+        parallel_tool_calls: bool,
+        response_format: dict[str, Any] | None,
+        max_tokens: int | None,
+        fields: dict[str, Any],
+        top_logprobs: int | None,
+        model: str,
+        request_id: str,
+    ) -> Prepared:
+        check_tools(tools, tool_choice)
+        if tool_choice is None:
+            tool_choice = "auto" if tools else "none"
+        use_tools = tools if tools and tool_choice != "none" else None
+        prompt = self.renderer.render(messages, use_tools)
+        prompt_ids = self.renderer.encode(prompt)
+        max_tokens = check_context(len(prompt_ids), max_tokens, self.max_model_len, "messages")
+        constraint = await build_constraint(
+            self.tokenizer,
+            tools=use_tools,
+            tool_choice=tool_choice,
+            parallel_tool_calls=parallel_tool_calls,
+            response_format=response_format,
+            max_tokens=max_tokens,
+        )
+        params = make_params(
+            **fields,
+            max_tokens=max_tokens,
+            logprobs=top_logprobs,
+            constraint=constraint,
+        )
+        return Prepared(request_id, prompt_ids, params, use_tools is not None, top_logprobs, model)
+
+    async def prepare_chat(self, req: ChatCompletionRequest) -> Prepared:
+        model = self.model_name(req.model)
+        self.check_n(req.n)
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError("top_logprobs requires logprobs to be true.", param="top_logprobs")
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        tool_choice = (
+            req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice
+        )
+        if tool_choice is not None and tool_choice != "none" and req.tools is None:
+            check_tools(None, tool_choice)
+        response_format = req.response_format.model_dump(by_alias=True) if req.response_format else None
+        return await self.prepare(
+            messages=chat_messages(req),
+            tools=tools,
+            tool_choice=tool_choice,
+            parallel_tool_calls=req.parallel_tool_calls is not False,
+            response_format=response_format,
+            max_tokens=req.max_completion_tokens or req.max_tokens,
+            fields=sampling_fields(req, self.vocab_size),
+            top_logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+            model=model,
+            request_id=new_id("chatcmpl"),
+        )
+
+    def run(self, prep: Prepared) -> EngineRun:
+        return EngineRun(self.engine, prep.prompt_ids, prep.params, prep.request_id, self.metrics)
+
+    def parsers(self, prep: Prepared) -> list[ToolCallParser]:
+        return [ToolCallParser(prep.parse_tools, self.renderer.tool_format) for _ in range(prep.params.n)]
+
+    # ---- non-streaming -----------------------------------------------------------------------
+
+    async def collect(self, prep: Prepared, request: Any) -> tuple[list[Choice], EngineRun]:
+        run = self.run(prep)
+        parsers = self.parsers(prep)
+        choices = [Choice() for _ in parsers]
+        watcher = asyncio.create_task(watch_disconnect(request, run)) if request is not None else None
+        try:
+            async for out in run:
+                choice = choices[out.index]
+                choice.tokens += len(out.new_token_ids)
+                choice.add(parsers[out.index].feed(out.text_delta))
+                if out.logprobs and prep.top_logprobs is not None:
+                    choice.logprobs += self.token_text.chat_logprobs(out.logprobs, prep.top_logprobs)
+                if out.finish_reason is not None:
+                    choice.engine_reason = out.finish_reason
+                    choice.add(parsers[out.index].finish())
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            await run.close()
+        for choice, parser in zip(choices, parsers, strict=True):
+            choice.engine_reason = finish_reason(choice.engine_reason, parser.made_calls)
+        return choices, run
+
+    async def chat_completion(self, prep: Prepared, request: Any) -> dict[str, Any]:
+        choices, run = await self.collect(prep, request)
+        out_choices = []
+        for i, c in enumerate(choices):
+            text = "".join(c.content)
+            message = {
+                "role": "assistant",
+                "content": (text or None) if c.calls else text,
+                "refusal": None,
+                "tool_calls": c.calls or None,
+            }
+            logprobs = {"content": c.logprobs, "refusal": None} if prep.top_logprobs is not None else None
+            out_choices.append(
+                {"index": i, "message": message, "finish_reason": c.engine_reason, "logprobs": logprobs}
+            )
+        return {
+            "id": prep.request_id,
+            "object": "chat.completion",
+            "created": prep.created,
+            "model": prep.model,
+            "choices": out_choices,
+            "usage": self.usage(run),
+            "system_fingerprint": None,
+        }
+
+    @staticmethod
+    def usage(run: EngineRun) -> dict[str, Any]:
+        return {
+            "prompt_tokens": run.prompt_tokens,
+            "completion_tokens": run.completion_tokens,
+            "total_tokens": run.prompt_tokens + run.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": run.cached_tokens},
+        }
+
+    # ---- streaming ---------------------------------------------------------------------------
+
+    async def chat_stream(self, prep: Prepared, include_usage: bool) -> AsyncIterator[bytes]:
+        run = self.run(prep)
+        parsers = self.parsers(prep)
+        base = {
+            "id": prep.request_id,
+            "object": "chat.completion.chunk",
+            "created": prep.created,
+            "model": prep.model,
+        }
+        pending_lp: list[list[dict[str, Any]]] = [[] for _ in parsers]  # logprobs not yet sent, per index
+        want_lp = prep.top_logprobs is not None
+
+        def chunk(index: int, delta: dict[str, Any], reason: str | None = None) -> bytes:
+            logprobs = None
+            if want_lp and (pending_lp[index] or reason is not None):
+                logprobs = {"content": pending_lp[index], "refusal": None}
+                pending_lp[index] = []
+            body = {
+                **base,
+                "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}],
+            }
+            if include_usage:
+                body["usage"] = None
+            return sse(body)
+
+        try:
+            for i in range(len(parsers)):
+                yield chunk(i, {"role": "assistant", "content": None})
+            async for out in run:
+                i = out.index
+                if want_lp and out.logprobs:
+                    pending_lp[i] += self.token_text.chat_logprobs(out.logprobs, prep.top_logprobs or 0)
+                events = parsers[i].feed(out.text_delta)
+                if out.finish_reason is not None:
+                    events += parsers[i].finish()
+                for delta in deltas(events):
+                    yield chunk(i, delta)
+                if out.finish_reason is not None:
+                    yield chunk(i, {}, finish_reason(out.finish_reason, parsers[i].made_calls))
+            if include_usage:
+                yield sse({**base, "choices": [], "usage": self.usage(run)})
+            yield SSE_DONE
+        except Exception as exc:
+            # the status line is already sent: report in-band, as OpenAI does
+            log.exception("error while streaming %s", prep.request_id)
+            yield sse(error_body(f"Internal error while generating: {type(exc).__name__}", "server_error"))
+            yield SSE_DONE
+        finally:
+            await run.close()
+
+
+def deltas(events: list[Event]) -> list[dict[str, Any]]:
+    """Parser events -> chat chunk deltas; neighbouring text or argument pieces are merged."""
+    out: list[dict[str, Any]] = []
+    for ev in events:
+        last = out[-1] if out else None
+        if isinstance(ev, Content):
+            if last is not None and "content" in last:
+                last["content"] += ev.text
+            else:
+                out.append({"content": ev.text})
+        elif isinstance(ev, CallStart):
+            call = {
+                "index": ev.index,
+                "id": ev.id,
+                "type": "function",
+                "function": {"name": ev.name, "arguments": ""},
+            }
+            out.append({"tool_calls": [call]})
+        else:
+            prev = last["tool_calls"][0] if last is not None and "tool_calls" in last else None
+            if prev is not None and prev["index"] == ev.index and "id" not in prev:
+                prev["function"]["arguments"] += ev.fragment
+            else:
+                out.append({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.fragment}}]})
+    return out

@@ -1,0 +1,145 @@
+"""Prompt rendering with the checkpoint's own chat template (transformers' apply_chat_template),
+tools included. Fallbacks: a checkpoint without a template gets our ChatML template; a template
+that ignores `tools` gets the tools, calls and results written into the messages as text, in the
+Hermes form that the tool-call parser reads back."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.chat.tool_parser import HERMES, ToolCallFormat
+from app.errors import APIError
+
+log = logging.getLogger("chatloom.template")
+
+FALLBACK_TEMPLATE = (Path(__file__).with_name("fallback_template.jinja")).read_text()
+
+_TOOLS_INTRO = (
+    "# Tools\n\nYou may call functions. Their signatures are inside <tools></tools>:\n<tools>\n{tools}\n"
+    "</tools>\n\nTo call a function, write a JSON object with its name and arguments inside "
+    '<tool_call></tool_call> tags:\n<tool_call>\n{{"name": <function-name>, "arguments": '
+    "<args-json-object>}}\n</tool_call>"
+)
+
+
+@dataclass
+class ChatMessage:
+    """One message in the plain form templates take: role, text content, tool calls, tool call id."""
+
+    role: str
+    content: str
+    tool_calls: list[dict[str, Any]] | None = None  # [{"id", "type", "function": {"name", "arguments"}}]
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def to_template(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": c["id"],
+                    "type": "function",
+                    "function": {
+                        "name": c["function"]["name"],
+                        "arguments": _args_value(c["function"]["arguments"]),
+                    },
+                }
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+def _args_value(arguments: str) -> Any:
+    # templates expect an object (HF convention) and many `tojson` it; keep text that is not JSON
+    try:
+        value = json.loads(arguments)
+    except (json.JSONDecodeError, TypeError):
+        return arguments
+    return value if isinstance(value, dict) else arguments
+
+
+def _template_source(tokenizer: Any) -> str | None:
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # named templates: "default" and "tool_use"
+        return template.get("tool_use") or template.get("default")
+    return template or None
+
+
+class PromptRenderer:
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        source = _template_source(tokenizer)
+        self.has_template = source is not None
+        self.template = source if source is not None else FALLBACK_TEMPLATE
+        self.supports_tools = "tools" in self.template
+        self.tool_format: ToolCallFormat = HERMES
+        if not self.has_template:
+            log.warning("the checkpoint has no chat template; using chatloom's ChatML fallback")
+        elif not self.supports_tools:
+            log.warning("the chat template ignores tools; tools are written into the system message")
+
+    def render(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None) -> str:
+        if tools and not self.supports_tools:
+            convo = _tools_as_text(messages, tools)
+            tools = None
+        else:
+            convo = [m.to_template() for m in messages]
+        try:
+            text = self.tokenizer.apply_chat_template(
+                convo,
+                tools=tools or None,
+                chat_template=self.template,
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+        except Exception as exc:  # jinja errors and the template's raise_exception(): the input's fault
+            import jinja2
+
+            if isinstance(exc, jinja2.TemplateError):
+                raise APIError(f"The chat template rejected the messages: {exc}", param="messages") from exc
+            raise
+        return text
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+def _call_text(name: str, arguments: str) -> str:
+    return f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": {arguments or "{}"}}}\n</tool_call>'
+
+
+def _tools_as_text(messages: list[ChatMessage], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For templates without tool support: every tool concept becomes plain message text."""
+    intro = _TOOLS_INTRO.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+    out: list[dict[str, Any]] = []
+    if messages and messages[0].role == "system":
+        out.append({"role": "system", "content": messages[0].content + "\n\n" + intro})
+        rest = messages[1:]
+    else:
+        out.append({"role": "system", "content": intro})
+        rest = messages
+    for m in rest:
+        if m.role == "assistant" and m.tool_calls:
+            calls = [_call_text(c["function"]["name"], c["function"]["arguments"]) for c in m.tool_calls]
+            out.append(
+                {"role": "assistant", "content": "\n".join(([m.content] if m.content else []) + calls)}
+            )
+        elif m.role == "tool":
+            text = f"<tool_response>\n{m.content}\n</tool_response>"
+            if out and out[-1]["role"] == "user" and out[-1].get("_tool"):
+                out[-1]["content"] += "\n" + text
+            else:
+                out.append({"role": "user", "content": text, "_tool": True})
+        else:
+            out.append({"role": m.role, "content": m.content})
+    for m in out:
+        m.pop("_tool", None)
+    return out

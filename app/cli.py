@@ -1,0 +1,159 @@
+"""chatloom command line: `serve` (the HTTP API), `bench` (engine benchmarks), `chat` (a terminal chat)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from typing import Any
+
+
+def _serve_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve the OpenAI-compatible API (and the n8n chat endpoints)",
+        description="Serve the API. Every flag can also be set as a CHATLOOM_* environment variable "
+        "(e.g. CHATLOOM_API_KEY); flags win.",
+    )
+    p.add_argument("--model", help="checkpoint folder (default: the embedded tiny model)")
+    p.add_argument("--served-model-name", help="the model id clients see (default: the folder name)")
+    p.add_argument(
+        "--strict-model-names",
+        action="store_true",
+        default=None,
+        help="answer an unknown `model` with 404 instead of serving it anyway",
+    )
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8000)")
+    p.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1/*")
+    p.add_argument("--device", help="auto | cpu | cuda[:N]")
+    p.add_argument("--dtype", help="auto | float32 | float16 | bfloat16")
+    p.add_argument("--max-model-len", type=int, help="context length (default: the checkpoint's)")
+    p.add_argument("--num-kv-blocks", type=int, help="KV cache blocks (default: sized from memory)")
+    p.add_argument("--max-num-seqs", type=int, help="most sequences decoded at once")
+    p.add_argument("--database-url", help="SQLAlchemy URL of the conversation store")
+    p.add_argument(
+        "--cors-origin", action="append", dest="cors_origins", help="allowed browser origin (repeat)"
+    )
+    p.add_argument("--log-level", help="debug | info | warning | error")
+
+
+def _chat_parser(sub: Any) -> None:
+    p = sub.add_parser("chat", help="chat with the model in the terminal (no server)")
+    p.add_argument("--model", help="checkpoint folder (default: the embedded tiny model)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--system", help="system prompt")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.7)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="chatloom", description="chatloom: a chat backend for workflow automation"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    sub.add_parser("bench", help="engine benchmarks (see `chatloom bench --help`)", add_help=False)
+    _chat_parser(sub)
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace):
+    from app.settings import Settings
+
+    keys = (
+        "model",
+        "served_model_name",
+        "strict_model_names",
+        "host",
+        "port",
+        "api_key",
+        "device",
+        "dtype",
+        "max_model_len",
+        "num_kv_blocks",
+        "max_num_seqs",
+        "database_url",
+        "cors_origins",
+        "log_level",
+    )
+    overrides = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+    return Settings(**overrides)
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app.main import create_app
+
+    settings = settings_from_args(args)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    app = create_app(settings)
+    uvicorn.run(
+        app, host=settings.host, port=settings.port, log_level=settings.log_level, timeout_graceful_shutdown=5
+    )
+    return 0
+
+
+async def _chat(args: argparse.Namespace) -> int:
+    from app.chat.template import ChatMessage, PromptRenderer
+    from app.main import build_engine
+    from app.settings import Settings
+    from engine import SamplingParams
+
+    engine = build_engine(Settings(model=args.model, device=args.device, dtype=args.dtype))
+    await engine.start()
+    renderer = PromptRenderer(engine.tokenizer)
+    history: list[ChatMessage] = [ChatMessage("system", args.system)] if args.system else []
+    print("chatloom chat: empty line or Ctrl-D to quit, /reset to forget the conversation", file=sys.stderr)
+    try:
+        while True:
+            try:
+                line = await asyncio.to_thread(input, "you> ")
+            except EOFError:
+                break
+            if not line.strip():
+                break
+            if line.strip() == "/reset":
+                history = history[:1] if args.system else []
+                continue
+            history.append(ChatMessage("user", line))
+            ids = renderer.encode(renderer.render(history, None))
+            room = engine.max_model_len - len(ids)
+            if room <= 0:
+                print("(the conversation no longer fits the context; /reset)", file=sys.stderr)
+                history.pop()
+                continue
+            params = SamplingParams(max_tokens=min(args.max_tokens, room), temperature=args.temperature)
+            parts: list[str] = []
+            print("assistant> ", end="", flush=True)
+            async for out in engine.generate(ids, params):
+                parts.append(out.text_delta)
+                print(out.text_delta, end="", flush=True)
+            print()
+            history.append(ChatMessage("assistant", "".join(parts)))
+    finally:
+        await engine.shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bench":
+        from engine.bench import main as bench_main  # lazy: pulls torch
+
+        return bench_main(argv[1:]) or 0
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return serve(args)
+    if args.command == "chat":
+        return asyncio.run(_chat(args))
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""The OpenAI error object on every 4xx: validation (FastAPI's 422 becomes 400 naming the field),
+auth, unknown routes, oversized bodies. Unexpected exceptions are not caught here: they stay logged
+500s (Starlette's ServerErrorMiddleware), so bugs are never disguised as bad input."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger("chatloom.errors")
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+}
+
+
+class APIError(Exception):
+    """An error a client can act on, answered with the OpenAI error object."""
+
+    def __init__(
+        self,
+        message: str,
+        status_code: int = 400,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        type: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.param = param
+        self.code = code
+        self.type = type or _TYPE_BY_STATUS.get(status_code, "invalid_request_error")
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def error_response(status_code: int, message: str, *, param=None, code=None, type=None, headers=None):
+    kind = type or _TYPE_BY_STATUS.get(status_code, "invalid_request_error")
+    return JSONResponse(error_body(message, kind, param, code), status_code=status_code, headers=headers)
+
+
+# pieces pydantic puts into `loc` for union members and validators, not field names
+_LOC_NOISE = {"str", "int", "float", "bool", "dict", "list", "none", "literal", "json-or-python"}
+
+
+def format_loc(loc: tuple[Any, ...]) -> str | None:
+    """("body", "messages", 0, "user", "content") -> "messages[0].content"."""
+    parts: list[str] = []
+    items = list(loc[1:] if loc and loc[0] in ("body", "query", "path", "header") else loc)
+    for item in items:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+            continue
+        text = str(item)
+        if text in _LOC_NOISE or not text.replace("_", "a").replace("$", "a").isalnum():
+            continue  # e.g. "list[str]", "function-after[...]", union tags of unions of types
+        if text in _ROLE_TAGS and parts and parts[-1].startswith("["):
+            continue  # the discriminator tag pydantic inserts after messages[i]
+        parts.append(("." if parts else "") + text)
+    return "".join(parts) or None
+
+
+_ROLE_TAGS = {
+    "system",
+    "developer",
+    "user",
+    "assistant",
+    "tool",
+    "message",
+    "function_call",
+    "function_call_output",
+    "function",
+    "text",
+    "json_object",
+    "json_schema",
+    "input_text",
+    "output_text",
+    "refusal",
+    "image_url",
+    "input_image",
+}
+
+
+def _validation_message(request: Request, exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "Invalid request body.", None
+    first = errors[0]
+    kind = first.get("type", "")
+    loc = tuple(first.get("loc", ()))
+    if kind == "json_invalid":
+        detail = first.get("ctx", {}).get("error", "")
+        return f"The request body is not valid JSON ({detail}).".replace(" ()", ""), None
+    if loc in (("body",), ()) and kind in ("model_attributes_type", "dict_type", "missing"):
+        ctype = request.headers.get("content-type", "")
+        if "json" not in ctype:
+            return f"Content-Type must be application/json, got {ctype or 'none'!r}.", None
+        return "The request body must be a JSON object.", None
+    param = format_loc(loc)
+    msg = first.get("msg", "invalid value")
+    if kind == "missing":
+        text = f"Missing required parameter: '{param}'."
+    elif param:
+        text = f"Invalid value for '{param}': {msg}."
+    else:
+        text = f"Invalid request: {msg}."
+    if len(errors) > 1:
+        text += f" ({len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    return text, param
+
+
+async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    message, param = _validation_message(request, exc)
+    return error_response(400, message, param=param)
+
+
+async def _on_api_error(request: Request, exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status_code)
+
+
+async def _on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if exc.status_code == 404:
+        message = f"Unknown request URL: {request.method} {request.url.path}."
+        code = "unknown_url"
+    elif exc.status_code == 405:
+        message = f"Method {request.method} is not allowed on {request.url.path}."
+        code = "method_not_allowed"
+    else:
+        message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        code = None
+    return error_response(exc.status_code, message, code=code, headers=getattr(exc, "headers", None))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(APIError, _on_api_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+
+
+class BodyLimitMiddleware:
+    """413 for request bodies over `max_bytes`: by Content-Length up front, else while reading.
+
+    The body is read whole here (it is bounded) and replayed to the app; later receive() calls go
+    to the server, so disconnects are still seen."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = 0
+                if declared > self.max_bytes:
+                    await self._reject(scope, receive, send)
+                    return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._reject(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = error_response(
+            413, f"Request body too large: the limit is {self.max_bytes} bytes.", code="request_too_large"
+        )
+        await response(scope, receive, send)

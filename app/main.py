@@ -1,0 +1,166 @@
+"""create_app: the FastAPI service. The lifespan loads the engine in the background (/health is 503
+until it is ready), and starts the conversation store when app.memory is present."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import logging
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.chat.serving import Serving
+from app.errors import BodyLimitMiddleware, install_error_handlers
+from app.metrics import Metrics
+from app.settings import Settings
+
+log = logging.getLogger("chatloom")
+
+# routers of other surfaces, included when their module exists (issue 5 lands them)
+_OPTIONAL_ROUTERS = ("app.api.n8n", "app.api.sessions", "app.api.assistants")
+
+
+def _optional_module(name: str) -> Any | None:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and name.startswith(exc.name):
+            return None  # the module itself is absent
+        raise
+
+
+async def _maybe_await(value: Any) -> None:
+    if inspect.isawaitable(value):
+        await value
+
+
+def build_engine(settings: Settings) -> Any:
+    """AsyncEngine for the configured checkpoint (the embedded default when none); blocking."""
+    from engine import AsyncEngine, EngineConfig
+
+    model = settings.model
+    if not model:
+        from engine.models.tiny import default_model_dir
+
+        model = str(default_model_dir())
+    config = EngineConfig(
+        model=model,
+        device=settings.device,
+        dtype=settings.dtype,
+        max_model_len=settings.max_model_len,
+        num_kv_blocks=settings.num_kv_blocks,
+        max_num_seqs=settings.max_num_seqs,
+        enforce_eager=settings.enforce_eager,
+        seed=settings.seed,
+    )
+    return AsyncEngine(config)
+
+
+async def attach_engine(app: FastAPI, engine: Any) -> None:
+    await _maybe_await(engine.start())
+    app.state.serving = Serving(engine, app.state.settings, app.state.metrics)
+    app.state.engine = engine  # last: /health turns 200 once everything is in place
+    log.info("serving %s (context %d tokens)", app.state.serving.served_name, engine.max_model_len)
+
+
+async def _load_engine(app: FastAPI) -> None:
+    try:
+        engine = await asyncio.to_thread(build_engine, app.state.settings)
+        await attach_engine(app, engine)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.exception("the model failed to load")
+        app.state.load_error = f"{type(exc).__name__}: {exc}"
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI):
+    settings: Settings = app.state.settings
+    given = app.state.given_engine
+    loader = None
+    if given is not None:
+        await attach_engine(app, given)
+    else:
+        loader = asyncio.create_task(_load_engine(app))
+    memory = _optional_module("app.memory.lifespan")
+    if memory is not None:
+        await _maybe_await(memory.startup(app, settings))
+    try:
+        yield
+    finally:
+        if memory is not None:
+            await _maybe_await(memory.shutdown(app))
+        if loader is not None and not loader.done():
+            loader.cancel()
+        engine = app.state.engine
+        app.state.engine = None
+        if engine is not None:
+            await _maybe_await(engine.shutdown())
+
+
+class RequestCounter:
+    """chatloom_requests_total{endpoint, status}, endpoint being the matched route's path."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = scope.get("route")
+            endpoint = getattr(route, "path", None) or "unmatched"
+            self.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
+
+
+def create_app(settings: Settings | None = None, engine: Any = None) -> FastAPI:
+    """The app; `engine` (anything with AsyncEngine's interface) skips loading one from settings."""
+    settings = settings or Settings()
+    app = FastAPI(title="chatloom", version="0.1.0", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.given_engine = engine
+    app.state.engine = None
+    app.state.serving = None
+    app.state.load_error = None
+    app.state.metrics = Metrics(lambda: app.state.engine)
+
+    install_error_handlers(app)
+    from app.api import health, openai, responses
+
+    app.include_router(health.router)
+    app.include_router(openai.router)
+    app.include_router(responses.router)
+    for name in _OPTIONAL_ROUTERS:
+        module = _optional_module(name)
+        if module is not None:
+            app.include_router(module.router)
+
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            allow_credentials="*" not in settings.cors_origins,
+        )
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestCounter, metrics=app.state.metrics)
+    return app

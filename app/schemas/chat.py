@@ -1,0 +1,297 @@
+"""Chat Completions: the request we accept (openai.types.chat.CompletionCreateParams) and what we
+answer (openai.types.chat.ChatCompletion / ChatCompletionChunk)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator
+
+from app.schemas.common import (
+    CompletionUsage,
+    FunctionDefinition,
+    FunctionName,
+    Request,
+    Strict,
+    TokenLogprob,
+    Wire,
+)
+
+# ---- request -------------------------------------------------------------------------------------
+
+
+class TextPart(Strict):
+    """openai.types.chat.ChatCompletionContentPartTextParam"""
+
+    type: Literal["text"]
+    text: str
+
+
+Content = str | list[TextPart]
+
+
+class SystemMessage(Strict):
+    """openai.types.chat.ChatCompletionSystemMessageParam"""
+
+    role: Literal["system"]
+    content: Content
+    name: str | None = None
+
+
+class DeveloperMessage(Strict):
+    """openai.types.chat.ChatCompletionDeveloperMessageParam"""
+
+    role: Literal["developer"]
+    content: Content
+    name: str | None = None
+
+
+class UserMessage(Strict):
+    """openai.types.chat.ChatCompletionUserMessageParam (text parts only)"""
+
+    role: Literal["user"]
+    content: Content
+    name: str | None = None
+
+
+class ToolCallFunction(Strict):
+    """openai.types.chat.chat_completion_message_function_tool_call_param.Function"""
+
+    name: str
+    arguments: str = "{}"
+
+    @field_validator("arguments", mode="before")
+    @classmethod
+    def _object_to_string(cls, value: Any) -> Any:
+        # some clients echo arguments as an object; the wire type is a JSON string
+        if isinstance(value, dict | list):
+            return json.dumps(value, ensure_ascii=False)
+        return value
+
+
+class ToolCallParam(Strict):
+    """openai.types.chat.ChatCompletionMessageFunctionToolCallParam"""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class AssistantMessage(Strict):
+    """openai.types.chat.ChatCompletionAssistantMessageParam (content "" or null with tool_calls)"""
+
+    role: Literal["assistant"]
+    content: Content | None = None
+    tool_calls: list[ToolCallParam] | None = None
+    name: str | None = None
+    refusal: str | None = None
+
+
+class ToolMessage(Strict):
+    """openai.types.chat.ChatCompletionToolMessageParam"""
+
+    role: Literal["tool"]
+    content: Content
+    tool_call_id: str
+
+
+Message = Annotated[
+    SystemMessage | DeveloperMessage | UserMessage | AssistantMessage | ToolMessage,
+    Field(discriminator="role"),
+]
+
+
+class ChatTool(Strict):
+    """openai.types.chat.ChatCompletionFunctionToolParam"""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(Strict):
+    name: str
+
+
+class NamedToolChoice(Strict):
+    """openai.types.chat.ChatCompletionNamedToolChoiceParam"""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class JSONSchemaFormat(Strict):
+    """openai.types.shared_params.response_format_json_schema.JSONSchema"""
+
+    name: FunctionName
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormatText(Strict):
+    """openai.types.shared_params.ResponseFormatText"""
+
+    type: Literal["text"]
+
+
+class ResponseFormatJSONObject(Strict):
+    """openai.types.shared_params.ResponseFormatJSONObject"""
+
+    type: Literal["json_object"]
+
+
+class ResponseFormatJSONSchema(Strict):
+    """openai.types.shared_params.ResponseFormatJSONSchema"""
+
+    type: Literal["json_schema"]
+    json_schema: JSONSchemaFormat
+
+
+ResponseFormat = Annotated[
+    ResponseFormatText | ResponseFormatJSONObject | ResponseFormatJSONSchema, Field(discriminator="type")
+]
+
+
+class StreamOptions(Strict):
+    """openai.types.chat.ChatCompletionStreamOptionsParam"""
+
+    include_usage: bool | None = None
+
+
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+StopList = Annotated[list[Annotated[str, Field(max_length=512)]], Field(max_length=16)]
+
+
+class ChatCompletionRequest(Request):
+    """openai.types.chat.CompletionCreateParams (plus top_k / min_p / repetition_penalty)"""
+
+    model: str | None = None
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    n: int = Field(default=1, ge=1)
+    stop: Annotated[str, Field(max_length=512)] | StopList | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    user: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    # not in the OpenAI API; vLLM-style extensions
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
+
+
+# ---- response ------------------------------------------------------------------------------------
+
+
+class FunctionCall(Wire):
+    """openai.types.chat.chat_completion_message_function_tool_call.Function"""
+
+    name: str
+    arguments: str
+
+
+class ChatCompletionMessageToolCall(Wire):
+    """openai.types.chat.ChatCompletionMessageFunctionToolCall"""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatCompletionMessage(Wire):
+    """openai.types.chat.ChatCompletionMessage"""
+
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    refusal: str | None = None
+    tool_calls: list[ChatCompletionMessageToolCall] | None = None
+
+
+class ChoiceLogprobs(Wire):
+    """openai.types.chat.chat_completion.ChoiceLogprobs"""
+
+    content: list[TokenLogprob] | None
+    refusal: list[TokenLogprob] | None = None
+
+
+class Choice(Wire):
+    """openai.types.chat.chat_completion.Choice"""
+
+    index: int
+    message: ChatCompletionMessage
+    finish_reason: Literal["stop", "length", "tool_calls"]
+    logprobs: ChoiceLogprobs | None = None
+
+
+class ChatCompletion(Wire):
+    """openai.types.chat.ChatCompletion"""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: CompletionUsage
+    system_fingerprint: str | None = None
+
+
+class ChoiceDeltaToolCallFunction(Wire):
+    """openai.types.chat.chat_completion_chunk.ChoiceDeltaToolCallFunction"""
+
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ChoiceDeltaToolCall(Wire):
+    """openai.types.chat.chat_completion_chunk.ChoiceDeltaToolCall"""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: ChoiceDeltaToolCallFunction | None = None
+
+
+class ChoiceDelta(Wire):
+    """openai.types.chat.chat_completion_chunk.ChoiceDelta"""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ChoiceDeltaToolCall] | None = None
+
+
+class ChunkChoice(Wire):
+    """openai.types.chat.chat_completion_chunk.Choice"""
+
+    index: int
+    delta: ChoiceDelta
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
+
+
+class ChatCompletionChunk(Wire):
+    """openai.types.chat.ChatCompletionChunk"""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: CompletionUsage | None = None
