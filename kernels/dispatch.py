@@ -1,0 +1,189 @@
+"""The one dispatch point the engine calls: Triton kernels for CUDA tensors, torch references otherwise.
+
+`CHATLOOM_KERNELS=torch` forces the references (read at every call, so tests can flip it). Importing
+this module never imports triton: the kernel modules are imported on the first CUDA call, so the CPU
+engine runs on a machine without triton.
+
+Differences of the Triton path that callers must respect (the references are pure functions):
+- `fused_add_rms_norm` and `apply_rope` work IN PLACE on CUDA: both inputs are overwritten and returned.
+  Always use the returned tensors and treat the inputs as consumed.
+- `paged_attention` takes `max_seqlen_q` (python int) to size its grid; without it, it is read from
+  cu_seqlens_q with a host sync (fine for prefill, not inside a CUDA graph).
+- `decode_attention` takes `out`, `max_seq_len`, `num_splits` (python ints) and is CUDA-graph safe;
+  see kernels.paged_attention.paged_decode_attention. A sequence of length 0 yields zeros (the
+  reference yields NaN).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from kernels import reference as ref
+
+
+@functools.cache
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """True when `t` lives on CUDA, triton imports and CHATLOOM_KERNELS is not 'torch'."""
+    if t.device.type != "cuda":
+        return False
+    if os.environ.get("CHATLOOM_KERNELS", "").lower() == "torch":
+        return False
+    return triton_available()
+
+
+def backend(t: torch.Tensor) -> str:
+    return "triton" if use_triton(t) else "torch"
+
+
+def store_kv(
+    k: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
+    v: torch.Tensor,
+    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # (num_tokens,) int; < 0 = padding
+) -> None:
+    if use_triton(k):
+        from kernels.kv_cache import store_kv as triton_store_kv
+
+        triton_store_kv(k, v, k_cache, v_cache, slot_mapping)
+    else:
+        ref.store_kv(k, v, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(
+    q: torch.Tensor,  # (num_tokens, num_heads, head_dim)
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # (batch, max_blocks) int32
+    cu_seqlens_q: torch.Tensor,  # (batch + 1,) int32
+    seq_lens: torch.Tensor,  # (batch,) int32
+    scale: float,
+    sliding_window: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    *,
+    max_seqlen_q: int | None = None,
+) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
+    if not use_triton(q):
+        return ref.paged_attention(
+            q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, sliding_window, alibi_slopes
+        )
+    from kernels.paged_attention import paged_prefill_attention
+
+    if max_seqlen_q is None:
+        max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if seq_lens.numel() else 0
+    return paged_prefill_attention(
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max_seqlen_q, scale,
+        sliding_window, alibi_slopes,
+    )  # fmt: skip
+
+
+def decode_attention(
+    q: torch.Tensor,  # (batch, num_heads, head_dim)
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # (batch, max_blocks) int32
+    seq_lens: torch.Tensor,  # (batch,) int32, incl. the new token
+    scale: float,
+    sliding_window: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:  # (batch, num_heads, head_dim)
+    if not use_triton(q):
+        res = ref.decode_attention(
+            q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, alibi_slopes
+        )
+        if out is not None:
+            out.copy_(res)
+            return out
+        return res
+    from kernels.paged_attention import paged_decode_attention
+
+    return paged_decode_attention(
+        q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, alibi_slopes,
+        out=out, max_seq_len=max_seq_len, num_splits=num_splits,
+    )  # fmt: skip
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # x: (..., hidden)
+    if not use_triton(x) or x.stride(-1) != 1:
+        return ref.rms_norm(x, weight, eps)
+    from kernels.rmsnorm import rms_norm as triton_rms_norm
+
+    return triton_rms_norm(x.reshape(-1, x.shape[-1]), weight.contiguous(), eps).view(x.shape)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (rms_norm(x + residual), x + residual); IN PLACE on CUDA (inputs consumed)."""
+    if (
+        not use_triton(x)
+        or x.dim() != 2
+        or weight.dtype != x.dtype
+        or residual.dtype != x.dtype
+        or x.stride(-1) != 1
+        or residual.stride(-1) != 1
+    ):
+        return ref.fused_add_rms_norm(x, residual, weight, eps)
+    from kernels.rmsnorm import fused_add_rms_norm as triton_fused
+
+    return triton_fused(x, residual, weight.contiguous(), eps)
+
+
+def apply_rope(
+    q: torch.Tensor,  # (num_tokens, num_heads, head_dim)
+    k: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
+    positions: torch.Tensor,  # (num_tokens,) int
+    cos_sin: torch.Tensor,  # (max_positions, head_dim) float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns rotated (q, k); IN PLACE on CUDA (inputs consumed)."""
+    if not use_triton(q):
+        return ref.apply_rope(q, k, positions, cos_sin)
+    from kernels.rope import apply_rope as triton_rope
+
+    return triton_rope(q, k, positions, cos_sin.contiguous())
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    # x: (..., 2 * intermediate) -> (..., intermediate)
+    if not use_triton(x) or x.stride(-1) != 1:
+        return ref.silu_and_mul(x)
+    from kernels.activation import silu_and_mul as triton_silu_and_mul
+
+    out = triton_silu_and_mul(x.reshape(-1, x.shape[-1]))
+    return out.view(*x.shape[:-1], x.shape[-1] // 2)
+
+
+def apply_token_bitmask_(
+    logits: torch.Tensor,  # (batch, vocab) float
+    bitmask: torch.Tensor,  # (batch, >= ceil(vocab / 32)) int32
+    indices: torch.Tensor | None = None,  # (num_rows,) int: rows of logits and bitmask to apply
+) -> None:
+    if use_triton(logits):
+        from kernels.bitmask import apply_token_bitmask_ as triton_apply
+
+        triton_apply(logits, bitmask, indices)
+        return
+    if indices is None:
+        ref.apply_token_bitmask_(logits, bitmask)
+        return
+    rows = indices.long()
+    sub = logits[rows]
+    ref.apply_token_bitmask_(sub, bitmask[rows])
+    logits[rows] = sub

@@ -1,0 +1,192 @@
+"""Paged prefill and split-K decode attention vs kernels.reference (interpreter on CPU; GPU tests below)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import reference as ref
+from kernels.paged_attention import choose_num_splits, paged_decode_attention, paged_prefill_attention
+from tests.kernels.paged import ATOL, GPU_ATOL, alibi_slopes, gpu, make_paged, max_err
+
+H, HK, D = 4, 2, 16  # GQA: 2 query heads per KV head
+SCALE = D**-0.5
+
+# (context lengths, new-token counts): q_len == ctx is a fresh prefill, q_len < ctx a prefill after a
+# cached prefix or a chunk of a longer prompt, q_len == 1 a decode step inside a mixed batch
+PREFILL_CASES = {
+    "fresh": ([19, 33], [19, 33]),
+    "cached_prefix": ([40, 17], [8, 17]),
+    "chunked_mixed": ([37, 50, 6], [5, 1, 6]),
+}
+
+
+def _prefill(dtype, block_size, case, window=None, alibi=False, heads=(H, HK), device="cpu"):
+    ctx, qlens = PREFILL_CASES[case]
+    h, hk = heads
+    q, kc, vc, bt, cu, sl = make_paged(ctx, qlens, h, hk, D, block_size, dtype, device)
+    slopes = alibi_slopes(h, device) if alibi else None
+    out = paged_prefill_attention(q, kc, vc, bt, cu, sl, max(qlens), SCALE, window, slopes)
+    return out, (q, kc, vc, bt, cu, sl, SCALE, window, slopes)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("case", list(PREFILL_CASES))
+def test_prefill_matches_reference(dtype, block_size, case):
+    out, args = _prefill(dtype, block_size, case)
+    assert out.dtype == dtype and out.shape == args[0].shape
+    assert max_err(out, ref.paged_attention(*args)) < ATOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("window", "alibi"), [(7, False), (None, True), (20, True)])
+def test_prefill_window_and_alibi(dtype, window, alibi):
+    out, args = _prefill(dtype, 16, "cached_prefix", window, alibi)
+    assert max_err(out, ref.paged_attention(*args)) < ATOL[dtype]
+
+
+def test_prefill_mha_and_wide_groups():
+    for heads in [(2, 2), (8, 1)]:
+        out, args = _prefill(torch.float32, 16, "chunked_mixed", heads=heads)
+        assert max_err(out, ref.paged_attention(*args)) < ATOL[torch.float32]
+
+
+def test_prefill_skips_empty_sequences_and_small_max_seqlen_q_tiles():
+    q, kc, vc, bt, cu, sl = make_paged([9, 12, 30], [0, 12, 3], H, HK, D, 16, torch.float32)
+    out = paged_prefill_attention(q, kc, vc, bt, cu, sl, 12, SCALE)
+    assert max_err(out, ref.paged_attention(q, kc, vc, bt, cu, sl, SCALE)) < ATOL[torch.float32]
+
+
+def _decode(dtype, block_size, ctx, num_splits, window=None, alibi=False, device="cpu", **kw):
+    q, kc, vc, bt, _, sl = make_paged(ctx, [1] * len(ctx), H, HK, D, block_size, dtype, device)
+    slopes = alibi_slopes(H, device) if alibi else None
+    out = paged_decode_attention(q, kc, vc, bt, sl, SCALE, window, slopes, num_splits=num_splits, **kw)
+    return out, (q, kc, vc, bt, sl, SCALE, window, slopes)
+
+
+DECODE_CTX = [1, 20, 75, 33]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("num_splits", [1, 3, 8])
+def test_decode_matches_reference(dtype, block_size, num_splits):
+    # 8 splits of 75 keys leave some splits empty for the shorter sequences
+    out, args = _decode(dtype, block_size, DECODE_CTX, num_splits)
+    assert max_err(out, ref.decode_attention(*args)) < ATOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("window", "alibi", "num_splits"), [(9, False, 1), (30, False, 4), (None, True, 3),
+                                                            (25, True, 2)])
+def test_decode_window_and_alibi(dtype, window, alibi, num_splits):
+    out, args = _decode(dtype, 16, DECODE_CTX, num_splits, window, alibi)
+    assert max_err(out, ref.decode_attention(*args)) < ATOL[dtype]
+
+
+def test_decode_equals_prefill_of_one_token():
+    ctx = [20, 75]
+    q, kc, vc, bt, cu, sl = make_paged(ctx, [1, 1], H, HK, D, 16, torch.float32)
+    dec = paged_decode_attention(q, kc, vc, bt, sl, SCALE, num_splits=2)
+    pre = paged_prefill_attention(q, kc, vc, bt, cu, sl, 1, SCALE)
+    assert max_err(dec, pre) < 1e-5
+
+
+def test_decode_auto_splits_out_buffer_and_empty_sequence():
+    q, kc, vc, bt, _, sl = make_paged([40, 1], [1, 1], H, HK, D, 16, torch.float32)
+    out = torch.full_like(q, float("nan"))
+    res = paged_decode_attention(q, kc, vc, bt, sl, SCALE, out=out, max_seq_len=64)
+    assert res is out
+    assert max_err(out, ref.decode_attention(q, kc, vc, bt, sl, SCALE)) < ATOL[torch.float32]
+    sl[1] = 0  # a padding row of a CUDA-graph batch: zeros, never NaN
+    out = paged_decode_attention(q, kc, vc, bt, sl, SCALE, num_splits=4)
+    assert torch.all(out[1] == 0) and not out.isnan().any()
+
+
+def test_choose_num_splits():
+    assert choose_num_splits(1, 8, 4096, 132) == 16  # limited by >= 256 keys per split
+    assert choose_num_splits(1, 8, 100_000, 132) == 33  # ~2 waves of programs
+    assert choose_num_splits(64, 8, 4096, 132) == 1
+    assert choose_num_splits(4, 8, 0, 132) == 1
+
+
+def test_launcher_rejects_bad_shapes():
+    q, kc, vc, bt, cu, sl = make_paged([8], [8], H, HK, D, 16, torch.float32)
+    with pytest.raises(ValueError):
+        paged_prefill_attention(q, kc, vc, bt.long(), cu, sl, 8, SCALE)
+    with pytest.raises(ValueError):
+        paged_prefill_attention(q[:, :3], kc, vc, bt, cu, sl, 8, SCALE)
+    with pytest.raises(ValueError):
+        paged_decode_attention(q, kc.half(), vc, bt, sl, SCALE)
+
+
+# ---------------------------------------------------------------- GPU (bf16, and fp32 without TF32)
+
+GPU_H, GPU_HK, GPU_D = 16, 8, 128
+
+
+@pytest.fixture
+def no_tf32():
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def _fp32_args(args):
+    return [a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize(("window", "alibi"), [(None, False), (100, False), (None, True)])
+@pytest.mark.usefixtures("no_tf32")
+@gpu
+def test_gpu_prefill(dtype, block_size, window, alibi):
+    ctx, qlens = [300, 513, 128, 77], [300, 130, 1, 64]
+    q, kc, vc, bt, cu, sl = make_paged(ctx, qlens, GPU_H, GPU_HK, GPU_D, block_size, dtype, "cuda")
+    slopes = alibi_slopes(GPU_H, "cuda") if alibi else None
+    scale = GPU_D**-0.5
+    out = paged_prefill_attention(q, kc, vc, bt, cu, sl, max(qlens), scale, window, slopes)
+    # the reference runs in fp32 on the same (rounded) inputs: the bf16 kernel is judged against exact math
+    expect = ref.paged_attention(*_fp32_args([q, kc, vc, bt, cu, sl, scale, window, slopes]))
+    assert max_err(out, expect) < GPU_ATOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("num_splits", [None, 1, 7])
+@pytest.mark.parametrize(("window", "alibi"), [(None, False), (200, False), (None, True)])
+@pytest.mark.usefixtures("no_tf32")
+@gpu
+def test_gpu_decode(dtype, num_splits, window, alibi):
+    ctx = [1, 17, 512, 1000, 4096, 2049]
+    q, kc, vc, bt, _, sl = make_paged(ctx, [1] * len(ctx), GPU_H, GPU_HK, GPU_D, 16, dtype, "cuda")
+    slopes = alibi_slopes(GPU_H, "cuda") if alibi else None
+    scale = GPU_D**-0.5
+    out = paged_decode_attention(q, kc, vc, bt, sl, scale, window, slopes, num_splits=num_splits)
+    expect = ref.decode_attention(*_fp32_args([q, kc, vc, bt, sl, scale, window, slopes]))
+    assert max_err(out, expect) < GPU_ATOL[dtype]
+
+
+@gpu
+def test_gpu_decode_in_cuda_graph():
+    ctx = [100, 700, 1500, 3]
+    q, kc, vc, bt, _, sl = make_paged(ctx, [1] * 4, GPU_H, GPU_HK, GPU_D, 16, torch.bfloat16, "cuda")
+    scale = GPU_D**-0.5
+    out = torch.empty_like(q)
+    bound = bt.shape[1] * 16
+    paged_decode_attention(q, kc, vc, bt, sl, scale, out=out, max_seq_len=bound)  # compile outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_decode_attention(q, kc, vc, bt, sl, scale, out=out, max_seq_len=bound)
+    for lens in ([100, 700, 1500, 3], [101, 1, 1400, 4], [0, 650, 1501, 16]):
+        sl.copy_(torch.tensor(lens, dtype=torch.int32))
+        q.normal_()
+        graph.replay()
+        torch.cuda.synchronize()
+        live = sl > 0
+        expect = ref.decode_attention(*_fp32_args([q[live], kc, vc, bt[live], sl[live], scale]))
+        assert max_err(out[live], expect) < GPU_ATOL[torch.bfloat16]
+        assert torch.all(out[~live] == 0)
