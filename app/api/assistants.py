@@ -8,12 +8,13 @@ from fastapi import APIRouter
 from sqlalchemy.exc import IntegrityError
 
 from app.agent.config import AssistantIn
+from app.deps import ApiKey
 from app.errors import APIError
 from app.memory import repository as repo
 from app.memory.deps import DB
 from app.memory.models import Assistant
 
-router = APIRouter(prefix="/v1/assistants", tags=["assistants"])
+router = APIRouter(prefix="/v1/assistants", dependencies=[ApiKey], tags=["assistants"])
 
 
 def assistant_out(row: Assistant) -> dict[str, Any]:

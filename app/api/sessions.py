@@ -6,12 +6,13 @@ from typing import Any
 
 from fastapi import APIRouter, Query
 
+from app.deps import ApiKey
 from app.errors import APIError
 from app.memory import repository as repo
 from app.memory.deps import DB
 from app.memory.models import Message
 
-router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+router = APIRouter(prefix="/v1/sessions", dependencies=[ApiKey], tags=["sessions"])
 
 
 def message_out(m: Message) -> dict[str, Any]:

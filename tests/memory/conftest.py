@@ -16,7 +16,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -108,7 +107,15 @@ class FakeEngine:
         self.aborted.append(request_id)
 
     def stats(self) -> dict:
-        return {"prefix_cache_hit_tokens": 0}
+        return {"prefix_cache_hit_tokens": 0, "prefix_cache_queried_tokens": 0}
+
+    max_model_len: int = 4096
+
+    async def start(self) -> None:
+        pass
+
+    async def shutdown(self) -> None:
+        pass
 
 
 @pytest.fixture
@@ -117,39 +124,20 @@ def fake_engine(chat_tokenizer) -> FakeEngine:
 
 
 def build_app(settings, engine):
-    """The conversation routers on a bare FastAPI app, with the lifespan hooks app.main calls."""
-    from fastapi import FastAPI
-    from fastapi.middleware.cors import CORSMiddleware
+    """The whole service (app.main.create_app) with the given engine: the conversation routers and
+    the memory lifespan hooks are wired the way production runs them."""
+    from app.main import create_app
 
-    from app.api import assistants, n8n, sessions
-    from app.errors import install_error_handlers
-    from app.memory import lifespan
-
-    @asynccontextmanager
-    async def life(app):
-        await lifespan.startup(app, settings)
-        app.state.engine = engine
-        try:
-            yield
-        finally:
-            await lifespan.shutdown(app)
-
-    app = FastAPI(lifespan=life)
-    app.state.settings = settings
-    install_error_handlers(app)
-    if settings.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"],
-                           allow_headers=["*"])
-    for module in (n8n, sessions, assistants):
-        app.include_router(module.router)
-    return app
+    return create_app(settings, engine=engine)
 
 
 def make_settings(db_url: str, **extra):
+    from app.settings import Settings
+
     values = dict(database_url=db_url, n8n_history_table="n8n_chat_histories", cors_origins=[],
-                  assistants_file=None)
+                  assistants_file=None, api_key=None, environment="development")
     values.update(extra)
-    return SimpleNamespace(**values)
+    return Settings(**values)
 
 
 @asynccontextmanager

@@ -128,6 +128,12 @@ class Recording:
     async def abort(self, request_id):
         await self.engine.abort(request_id)
 
+    async def start(self):
+        pass
+
+    async def shutdown(self):
+        pass
+
     def stats(self):
         return self.engine.stats()
 
