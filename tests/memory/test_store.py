@@ -1,0 +1,118 @@
+"""The store below the HTTP surface: chat-completions memory (load_and_append / record_reply),
+assistants seeded from YAML, the Alembic CLI, and the API key on the conversation APIs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import sqlalchemy as sa
+
+from app.memory.conversation import load_and_append, record_reply
+from app.memory.db import Database, async_url
+from tests.memory.conftest import ROOT, make_settings, running_app
+
+
+async def _db(db_url: str) -> Database:
+    db = Database(db_url)
+    await db.migrate()
+    return db
+
+
+async def test_load_and_append_stores_each_message_once(db_url):
+    db = await _db(db_url)
+    try:
+        system = {"role": "system", "content": "be brief"}
+        first = [system, {"role": "user", "content": "hi"}]
+        convo = await load_and_append(db, "oa", first)
+        assert convo == first
+        await record_reply(db, "oa", "hello", token_ids=[9707, 0])
+        # a client that resends the whole history (n8n does) ...
+        resent = [system, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+                  {"role": "user", "content": "again"}]
+        convo = await load_and_append(db, "oa", resent)
+        assert [m["content"] for m in convo] == ["be brief", "hi", "hello", "again"]
+        assert convo[2]["token_ids"] == [9707, 0]  # generated ids come back for the replay
+        await record_reply(db, "oa", "sure")
+        # ... and one that sends only the new message
+        convo = await load_and_append(db, "oa", [{"role": "user", "content": "third"}])
+        assert [m["content"] for m in convo] == ["hi", "hello", "again", "sure", "third"]
+        # tool rounds from an OpenAI client: call and result are stored in order
+        call = {"id": "c9", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        await record_reply(db, "oa", "", tool_calls=[call])
+        convo = await load_and_append(db, "oa", [{"role": "tool", "tool_call_id": "c9", "content": "42"}])
+        assert [m["role"] for m in convo][-2:] == ["assistant", "tool"]
+        async with db.session() as s:
+            count = "SELECT count(*) FROM {} WHERE session_id = 'oa'"
+            n = await s.scalar(sa.text(count.format("messages")))
+            mirrored = await s.scalar(sa.text(count.format("n8n_chat_histories")))
+        assert n == mirrored == 7  # system prompts are not stored
+    finally:
+        await db.dispose()
+
+
+async def test_assistants_seeded_from_yaml(tmp_path, fake_engine):
+    seed = tmp_path / "assistants.yaml"
+    seed.write_text(
+        """
+assistants:
+  - id: support
+    name: Support
+    system_prompt: You help customers.
+    memory: {max_turns: 5}
+    sampling: {temperature: 0.2, max_tokens: 200}
+    tools:
+      - type: function
+        function:
+          name: lookup_order
+          parameters: {type: object, properties: {order_id: {type: string}}, required: [order_id]}
+        webhook: {url: "http://n8n:5678/webhook/lookup-order", timeout_s: 10}
+"""
+    )
+    settings = make_settings(f"sqlite:///{tmp_path}/y.db", assistants_file=seed)
+    async with running_app(settings, fake_engine) as client:
+        data = (await client.get("/v1/assistants")).json()["data"]
+        assert {a["id"] for a in data} == {"default", "support"}
+        support = (await client.get("/v1/assistants/support")).json()
+        assert support["memory"] == {"max_turns": 5}
+        assert support["tools"][0]["webhook"]["url"] == "http://n8n:5678/webhook/lookup-order"
+    seed.write_text(seed.read_text().replace("You help customers.", "You help customers kindly."))
+    async with running_app(settings, fake_engine) as client:  # the file is re-applied on start
+        support = (await client.get("/v1/assistants/support")).json()
+        assert support["system_prompt"] == "You help customers kindly."
+
+
+def test_bad_yaml_names_the_assistant(tmp_path):
+    from app.memory.lifespan import load_assistants_file
+
+    bad = tmp_path / "a.yaml"
+    bad.write_text("- name: no id here\n")
+    with pytest.raises(ValueError, match="needs an id"):
+        load_assistants_file(bad)
+
+
+def test_async_url_picks_the_driver():
+    assert async_url("sqlite:///./data/x.db") == "sqlite+aiosqlite:///./data/x.db"
+    assert async_url("postgresql://u:p@h:5432/d") == "postgresql+asyncpg://u:p@h:5432/d"
+    with pytest.raises(ValueError, match="sqlite:/// or postgresql://"):
+        async_url("mysql://h/d")
+
+
+def test_alembic_cli_upgrades_and_downgrades(db_url):
+    env = {**os.environ, "CHATLOOM_DATABASE_URL": db_url}
+    for args in (["upgrade", "head"], ["downgrade", "base"], ["upgrade", "head"]):
+        subprocess.run([sys.executable, "-m", "alembic", *args], cwd=ROOT, env=env, check=True,
+                       capture_output=True, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "alembic", "current"], cwd=ROOT, env=env, check=True,
+                         capture_output=True, text=True, timeout=60)
+    assert "(head)" in out.stdout
+
+
+async def test_conversation_apis_need_the_key(tmp_path, fake_engine):
+    settings = make_settings(f"sqlite:///{tmp_path}/k.db", api_key="sekrit")
+    async with running_app(settings, fake_engine) as client:
+        assert (await client.get("/v1/sessions")).status_code == 401
+        ok = await client.get("/v1/assistants", headers={"Authorization": "Bearer sekrit"})
+        assert ok.status_code == 200
