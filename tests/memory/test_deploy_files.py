@@ -1,0 +1,66 @@
+"""docker-compose.yml, the Dockerfile and the example n8n workflows are well formed and agree with
+each other (no Docker engine runs here: `docker compose config` is replaced by these checks)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from app.agent.config import AssistantIn
+from tests.memory.conftest import ROOT
+
+
+def test_compose_file():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert set(services) == {"chatloom", "postgres", "n8n"}
+    env = services["chatloom"]["environment"]
+    assert env["CHATLOOM_DATABASE_URL"].startswith("postgresql://")
+    assert services["chatloom"]["build"] == "."
+    for name, svc in services.items():
+        for dep in svc.get("depends_on", {}):
+            assert dep in services, f"{name} depends on unknown {dep}"
+        for vol in svc.get("volumes", []):
+            source = vol.split(":")[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), source
+            else:
+                assert source in compose["volumes"], source
+    assert "8000:8000" in services["chatloom"]["ports"] and "5678:5678" in services["n8n"]["ports"]
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="no docker client")
+def test_docker_compose_config_when_available():
+    probe = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip("the docker compose plugin is not installed")
+    subprocess.run(["docker", "compose", "config", "-q"], cwd=ROOT, check=True, timeout=60)
+
+
+def test_dockerfile_copies_what_the_package_needs():
+    text = (ROOT / "Dockerfile").read_text()
+    for folder in ("app", "engine", "kernels", "grammar", "migrations", "examples"):
+        assert f"COPY {folder} ./{folder}" in text
+
+
+def test_example_workflows():
+    flows = {p.name: json.loads(p.read_text()) for p in (ROOT / "examples" / "n8n").glob("*.json")}
+    assert set(flows) == {"chat-trigger-to-chatloom.json", "ai-agent-chatloom-model.json",
+                          "webhook-tool.json"}
+    for name, flow in flows.items():
+        names = {n["name"] for n in flow["nodes"]}
+        for source, outputs in flow["connections"].items():
+            assert source in names, (name, source)
+            for branch in outputs.values():
+                assert all(link["node"] in names for links in branch for link in links), name
+    types = {n["type"] for n in flows["ai-agent-chatloom-model.json"]["nodes"]}
+    assert {"@n8n/n8n-nodes-langchain.lmChatOpenAi", "@n8n/n8n-nodes-langchain.memoryPostgresChat"} <= types
+    hook = flows["webhook-tool.json"]["nodes"][0]["parameters"]["path"]
+    seeded = yaml.safe_load((ROOT / "examples" / "assistants.yaml").read_text())["assistants"]
+    for item in seeded:
+        spec = AssistantIn.model_validate(item)
+        assert any(str(t.webhook.url).endswith(f"/webhook/{hook}") for t in spec.tools)
