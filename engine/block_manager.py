@@ -15,12 +15,13 @@ from engine.sequence import Sequence
 
 
 class Block:
-    __slots__ = ("block_id", "ref_count", "hash", "token_ids", "key")
+    __slots__ = ("block_id", "ref_count", "hash", "prev_hash", "token_ids", "key")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_count = 0
         self.hash: int | None = None
+        self.prev_hash: int | None = None  # hash of the block before it in its chain (guard)
         self.token_ids: tuple[int, ...] | None = None
         self.key: str | None = None  # retention key of the last sequence that used it
 
@@ -40,7 +41,8 @@ class BlockManager:
         self.free_uncached: deque[int] = deque(range(num_blocks))
         self.free_cached: OrderedDict[int, None] = OrderedDict()  # LRU first
         self.hash_to_block: dict[int, int] = {}
-        self.key_blocks: dict[str, set[int]] = {}  # retention key -> its free cached blocks
+        # retention key -> its free cached blocks, in LRU order (a dict: touch_key keeps tail-first order)
+        self.key_blocks: dict[str, dict[int, None]] = {}
         self.prefix_cache_hit_tokens = 0  # cumulative
         self.prefix_cache_queried_tokens = 0
 
@@ -67,7 +69,8 @@ class BlockManager:
             toks = tuple(token_ids[i * bs : (i + 1) * bs])
             h = chain_hash(prev, toks)
             bid = self.hash_to_block.get(h)
-            if bid is None or self.blocks[bid].token_ids != toks:
+            # the guard: same tokens at the same place in the chain, not just the same hash
+            if bid is None or self.blocks[bid].token_ids != toks or self.blocks[bid].prev_hash != prev:
                 break
             hits.append(bid)
             prev = h
@@ -97,7 +100,7 @@ class BlockManager:
         if key is not None:
             blocks = self.key_blocks.get(key)
             if blocks is not None:
-                blocks.discard(bid)
+                blocks.pop(bid, None)
                 if not blocks:
                     del self.key_blocks[key]
 
@@ -131,7 +134,7 @@ class BlockManager:
         if block.key is not None:
             blocks = self.key_blocks.get(block.key)
             if blocks is not None:
-                blocks.discard(bid)
+                blocks.pop(bid, None)
                 if not blocks:
                     del self.key_blocks[block.key]
         if block.hash is not None and self.hash_to_block.get(block.hash) == bid:
@@ -153,6 +156,7 @@ class BlockManager:
             block = self.blocks[seq.block_table[i]]
             if block.hash is None:
                 block.hash = h
+                block.prev_hash = prev
                 block.token_ids = toks
                 self.hash_to_block.setdefault(h, block.block_id)
             seq.block_hashes.append(h)
@@ -170,7 +174,7 @@ class BlockManager:
                     if seq.retention_key is not None:
                         block.key = seq.retention_key
                     if block.key is not None:
-                        self.key_blocks.setdefault(block.key, set()).add(bid)
+                        self.key_blocks.setdefault(block.key, {})[bid] = None
                 else:
                     self.free_uncached.append(bid)
         seq.block_table = []
