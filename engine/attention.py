@@ -10,10 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-try:
-    from kernels import dispatch as ops
-except ImportError:  # pragma: no cover
-    from kernels import reference as ops
+from kernels import dispatch as ops
 
 
 @dataclass
@@ -43,15 +40,18 @@ def paged_attention(
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
     ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     nd = meta.num_decodes
+    max_len = meta.decode_max_seq_len or None  # None inside CUDA graphs: bound by the table width
     if meta.prefill_block_tables is None:
         return ops.decode_attention(
-            q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale, sliding_window
-        )
+            q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale, sliding_window,
+            max_seq_len=max_len,
+        )  # fmt: skip
     out = torch.empty_like(q)
     if nd:
         out[:nd] = ops.decode_attention(
-            q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale, sliding_window
-        )
+            q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale, sliding_window,
+            max_seq_len=max_len,
+        )  # fmt: skip
     out[nd:] = ops.paged_attention(
         q[nd:],
         k_cache,
@@ -61,5 +61,6 @@ def paged_attention(
         meta.prefill_seq_lens,
         scale,
         sliding_window,
+        max_seqlen_q=meta.prefill_max_q,
     )
     return out

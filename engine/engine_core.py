@@ -68,6 +68,7 @@ class EngineCore:
         self.eos_token_ids = _eos_ids(self.hf_config, self.tokenizer, config.model)
         self.sampler = Sampler(self.vocab_size, self.eos_token_ids, self.device, config.seed)
         self.requests: dict[str, list[Sequence]] = {}
+        self.num_steps = 0
         self.startup_seconds = time.perf_counter() - t0
         log.info(
             "engine ready in %.1fs: %s on %s (%s)",
@@ -158,6 +159,7 @@ class EngineCore:
         batch = self.scheduler.schedule()
         if not batch:
             return []
+        self.num_steps += 1
         for seq in batch.seqs:
             if seq.constraint is None and seq.params.constraint is not None:
                 seq.constraint = seq.params.constraint.new()

@@ -34,6 +34,13 @@ class ModelRunner:
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(self.num_layers)
         ]
+        self.graphs = None
+        if self.device.type == "cuda" and not config.enforce_eager:
+            from engine.cuda_graphs import DecodeGraphs, default_sizes
+
+            sizes = config.cuda_graph_sizes or default_sizes(config.max_num_seqs)
+            max_blocks = -(-model.cos_sin.shape[0] // self.block_size)  # max_model_len in blocks
+            self.graphs = DecodeGraphs(model, self.kv_caches, sizes, max_blocks, device)
         log.info(
             "KV cache: %d blocks x %d tokens (%.1f MiB)",
             self.num_blocks,
@@ -115,6 +122,16 @@ class ModelRunner:
     def execute(self, batch: ScheduledBatch) -> tuple[torch.Tensor | None, list[int]]:
         """Runs one step; returns (logits (num_sampling, vocab) float32, the batch indices that sample)."""
         input_ids, positions, meta, sample_rows = self.prepare(batch)
+        bs = len(batch.seqs)
+        if (
+            self.graphs is not None
+            and meta.prefill_block_tables is None
+            and self.graphs.padded_size(bs) is not None
+        ):
+            logits = self.graphs.run(
+                input_ids, positions, meta.slot_mapping, meta.decode_block_tables, meta.decode_seq_lens
+            )
+            return logits, list(range(bs))
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
         if not sample_rows:
             return None, []

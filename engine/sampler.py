@@ -6,11 +6,7 @@ from __future__ import annotations
 import torch
 
 from engine.sequence import Sequence
-
-try:
-    from kernels import dispatch as ops
-except ImportError:  # pragma: no cover
-    from kernels import reference as ops
+from kernels import dispatch as ops
 
 
 class Sampler:
@@ -65,9 +61,10 @@ class Sampler:
         probs = torch.softmax(logits / temps[:, None], dim=-1)
         probs = _filter(probs, seqs)
         # exponential race: argmax(p / E), E ~ Exp(1), samples from p; per-seed generators where asked
-        noise = torch.empty_like(probs)
+        noise = torch.empty_like(probs).exponential_(generator=self.generator)
         for i, s in enumerate(seqs):
-            noise[i].exponential_(generator=s.generator if s.generator is not None else self.generator)
+            if s.generator is not None:
+                noise[i].exponential_(generator=s.generator)
         sampled = (probs / noise).argmax(dim=-1)
         greedy_rows = torch.tensor([s.params.greedy for s in seqs], device=logits.device)
         if bool(greedy_rows.any()):

@@ -8,11 +8,7 @@ import torch
 from torch import nn
 
 from engine.attention import AttentionMetadata, paged_attention
-
-try:
-    from kernels import dispatch as ops
-except ImportError:  # pragma: no cover
-    from kernels import reference as ops
+from kernels import dispatch as ops
 
 
 class RMSNorm(nn.Module):

@@ -77,7 +77,7 @@ def load_weights(model: LlamaForCausalLM, folder: str | Path, progress: bool = F
         bar = tqdm(total=len(files), desc="loading weights", unit="file")
     for path in files:
         with safe_open(str(path), framework="pt") as f:
-            for hf_name in f:
+            for hf_name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
                 name = hf_name.removeprefix("model.")
                 if "rotary_emb" in name:
                     continue

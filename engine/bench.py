@@ -1,0 +1,340 @@
+"""chatloom bench: the workloads of benchmarks.md, run by our engine (and a peer) in one process.
+
+    chatloom bench --workload c1 --peer hf      # CPU: mixed chat traffic vs HF static batching
+    chatloom bench --workload w1|w2|w3 [--peer hf]   # GPU: Qwen3-0.6B shape, dummy weights
+    chatloom bench --workload m1                # replayed 10-turn conversation: warm vs cold TTFT
+    chatloom bench --workload g1                # grammar-constrained tool calls vs unconstrained
+
+Runs without the web stack (also as `python -m engine.bench`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from engine.models.tiny import BENCH_SHAPE, build_checkpoint
+
+HBM_BYTES_PER_S = 4.3e12  # H200
+
+QWEN3_06B = dict(
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40960,
+    rms_norm_eps=1e-6,
+    rope_theta=1e6,
+    tie_word_embeddings=True,
+)
+
+
+# ---- workloads (token ids fixed by the recipes of benchmarks.md) ---------------------------------
+def c1_workload() -> tuple[list[list[int]], list[int]]:
+    rng = random.Random(0)
+    prompts, outs = [], []
+    for _ in range(16):
+        n_in = rng.randint(32, 256)
+        prompts.append([rng.randint(0, 8000) for _ in range(n_in)])
+        outs.append(rng.randint(16, 128))
+    return prompts, outs
+
+
+def w1_workload() -> tuple[list[list[int]], list[int]]:
+    rng = random.Random(0)
+    return [[rng.randint(0, 10000) for _ in range(128)] for _ in range(32)], [256] * 32
+
+
+def w2_workload() -> tuple[list[list[int]], list[int]]:
+    rng = random.Random(0)
+    prompts, outs = [], []
+    for _ in range(256):
+        n_in = rng.randint(100, 1024)
+        prompts.append([rng.randint(0, 10000) for _ in range(n_in)])
+        outs.append(rng.randint(100, 1024))
+    return prompts, outs
+
+
+def w3_workload() -> tuple[list[list[int]], list[int]]:
+    rng = random.Random(1)
+    return [[rng.randint(0, 10000) for _ in range(512)]], [512]
+
+
+def m1_turns() -> list[list[int]]:
+    """Prompts of turns 1..10 of the replayed conversation (the last has 3,764 tokens)."""
+    rng = random.Random(5)
+    history = [rng.randint(0, 10000) for _ in range(64)]
+    prompts = []
+    for turn in range(10):
+        history = history + [rng.randint(0, 10000) for _ in range(100)]
+        prompts.append(list(history))
+        if turn < 9:
+            history = history + [rng.randint(0, 10000) for _ in range(300)]
+    return prompts
+
+
+def warmup_prompts(n: int, length: int) -> list[list[int]]:
+    rng = random.Random(12345)
+    return [[rng.randint(0, 8000) for _ in range(length)] for _ in range(n)]
+
+
+# ---- helpers --------------------------------------------------------------------------------------
+def _params(max_tokens: int, temperature: float):
+    from engine import SamplingParams
+
+    return SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=None)
+
+
+def _checkpoint(shape: dict, vocab: int, folder: Path, dummy: bool) -> Path:
+    if dummy:
+        import transformers
+
+        cfg = transformers.Qwen3Config(**shape, vocab_size=vocab, eos_token_id=151645)
+        cfg.architectures = ["Qwen3ForCausalLM"]
+        cfg.save_pretrained(folder)
+        from engine.models.tiny import write_tokenizer
+
+        write_tokenizer(folder)
+        return folder
+    return build_checkpoint(folder, "qwen3", vocab_size=vocab, seed=0, shape=shape)
+
+
+def _time_engine(llm, prompts, outs, temperature: float, label: str) -> tuple[float, int]:
+    import torch
+
+    params = [_params(n, temperature) for n in outs]
+    llm.reset_prefix_cache()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    steps0 = llm.core.num_steps
+    t0 = time.perf_counter()
+    results = llm.generate(prompts, params, use_tqdm=True)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    produced = sum(len(r.token_ids) for r in results)
+    assert produced == sum(outs), f"{label}: produced {produced} tokens, expected {sum(outs)}"
+    print(
+        f"{label}: {produced} tokens in {dt:.3f} s = {produced / dt:,.0f} tok/s "
+        f"({llm.core.num_steps - steps0} steps)"
+    )
+    return dt, produced
+
+
+def _hf_peer(path: Path, prompts, outs, device: str, dtype, useful: int) -> float:
+    """HF transformers generate on the same weights: the prompts left-padded into one static batch."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    longest = max(outs)
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    gen = dict(max_new_tokens=longest, min_new_tokens=longest, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        model.generate(
+            ids[:2, -32:], attention_mask=mask[:2, -32:], **{**gen, "max_new_tokens": 4, "min_new_tokens": 4}
+        )
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model.generate(ids, attention_mask=mask, **gen)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+    print(
+        f"HF transformers generate (static batch of {len(prompts)}, {longest} steps): "
+        f"{useful} useful tokens in {dt:.3f} s = {useful / dt:,.0f} tok/s"
+    )
+    return useful / dt
+
+
+# ---- the workloads --------------------------------------------------------------------------------
+def bench_c1(args) -> dict:
+    import torch
+
+    from engine import LLM
+
+    torch.set_num_threads(args.threads)
+    prompts, outs = c1_workload()
+    assert sum(outs) == 1167 and max(outs) == 127, "C1 recipe checksum mismatch"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = _checkpoint({**BENCH_SHAPE}, 8192, Path(tmp), dummy=False)
+        t0 = time.perf_counter()
+        llm = LLM(path, device="cpu", dtype="float32", num_threads=args.threads)
+        print(f"engine start-up: {time.perf_counter() - t0:.2f} s")
+        llm.generate(warmup_prompts(4, 64), _params(8, 0.0))
+        dt, produced = _time_engine(llm, prompts, outs, 0.0, "chatloom C1")
+        ours = produced / dt
+        result = {"workload": "c1", "chatloom_tok_s": ours}
+        if args.peer == "hf":
+            peer = _hf_peer(path, prompts, outs, "cpu", torch.float32, sum(outs))
+            result.update(hf_tok_s=peer, ratio=ours / peer)
+            print(f"ratio chatloom / HF: {ours / peer:.2f}x (target >= 3x)")
+    return result
+
+
+def bench_gpu(args) -> dict:
+    import torch
+
+    from engine import LLM
+
+    if not torch.cuda.is_available():
+        raise SystemExit(f"workload {args.workload} needs a CUDA device")
+    prompts, outs = {"w1": w1_workload, "w2": w2_workload, "w3": w3_workload}[args.workload]()
+    if args.workload == "w2":
+        assert sum(len(p) for p in prompts) == 148779 and sum(outs) == 140084, "W2 checksum mismatch"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = _checkpoint(QWEN3_06B, 151936, Path(tmp), dummy=True)
+        t0 = time.perf_counter()
+        llm = LLM(
+            path,
+            load_format="dummy",
+            dtype="bfloat16",
+            max_model_len=4096,
+            enforce_eager=args.eager,
+            max_num_seqs=max(len(prompts), 1) if args.workload != "w2" else 256,
+        )
+        print(f"engine start-up: {time.perf_counter() - t0:.2f} s")
+        llm.generate(warmup_prompts(min(len(prompts), 8), 128), _params(16, 0.6))
+        dt, produced = _time_engine(llm, prompts, outs, 0.6, f"chatloom {args.workload.upper()}")
+        weight_bytes = sum(p.numel() * p.element_size() for p in llm.core.runner.model.parameters())
+        kv_per_token = llm.core.runner.block_bytes // llm.config.block_size
+        # bytes a decode step must read: all weights + the KV of every running sequence's context
+        steps = max(outs)
+        kv = sum(sum(len(p) + j for j in range(n)) for p, n in zip(prompts, outs, strict=True))
+        bound_s = (weight_bytes * steps + kv * kv_per_token) / HBM_BYTES_PER_S
+        print(f"bandwidth bound {bound_s * 1e3:.1f} ms -> reached {bound_s / dt:.1%} of it")
+        result = {"workload": args.workload, "chatloom_tok_s": produced / dt, "bound_fraction": bound_s / dt}
+        if args.peer == "hf":
+            peer = _hf_peer(path_with_weights(llm, path), prompts, outs, "cuda", torch.bfloat16, sum(outs))
+            result.update(hf_tok_s=peer, ratio=(produced / dt) / peer)
+    return result
+
+
+def path_with_weights(llm, folder: Path) -> Path:
+    """Save the engine's dummy weights as a HF checkpoint so the peer runs the same weights."""
+    import torch
+    from safetensors.torch import save_file
+
+    model = llm.core.runner.model
+    attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
+    inter = mlp.down_proj.in_features
+    tensors = {}
+    for name, p in model.named_parameters():
+        base = "model." + name
+        if ".qkv_proj." in name:
+            q, k, v = p.detach().split([attn.q_size, attn.kv_size, attn.kv_size])
+            for part, t in zip(("q_proj", "k_proj", "v_proj"), (q, k, v), strict=True):
+                tensors[base.replace("qkv_proj", part)] = t.contiguous()
+        elif ".gate_up_proj." in name:
+            g, u = p.detach().split([inter, inter])
+            tensors[base.replace("gate_up_proj", "gate_proj")] = g.contiguous()
+            tensors[base.replace("gate_up_proj", "up_proj")] = u.contiguous()
+        else:
+            tensors[base] = p.detach().contiguous()
+    save_file({k: v.to(torch.bfloat16).cpu() for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    return folder
+
+
+def bench_m1(args) -> dict:
+    import torch
+
+    from engine import LLM
+
+    turns = m1_turns()
+    assert len(turns[-1]) == 3764, "M1 recipe checksum mismatch"
+    cuda = torch.cuda.is_available()
+    with tempfile.TemporaryDirectory() as tmp:
+        if cuda:
+            path = _checkpoint(QWEN3_06B, 151936, Path(tmp), dummy=True)
+            llm = LLM(path, load_format="dummy", dtype="bfloat16", max_model_len=4096)
+        else:
+            torch.set_num_threads(args.threads)
+            path = _checkpoint({**BENCH_SHAPE}, 151936, Path(tmp), dummy=False)
+            llm = LLM(path, device="cpu", dtype="float32", num_threads=args.threads)
+        one = _params(1, 0.0)
+
+        def ttft(prompt) -> float:
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            llm.generate([prompt], one)
+            if cuda:
+                torch.cuda.synchronize()
+            return time.perf_counter() - t0
+
+        llm.generate(warmup_prompts(2, 64), one)
+        for _ in range(args.repeats):
+            ttft(warmup_prompts(1, 3764)[0])  # warm the long-prefill path too
+        warm, cold = [], []
+        for _ in range(args.repeats):
+            llm.reset_prefix_cache()
+            for prompt in turns[:-1]:
+                llm.generate([prompt], one)
+            warm.append(ttft(turns[-1]))
+            llm.reset_prefix_cache()
+            cold.append(ttft(turns[-1]))
+        w, c = min(warm), min(cold)
+        hits = llm.stats()["prefix_cache_hit_tokens"]
+        print(
+            f"M1 turn-10 TTFT ({len(turns[-1])} prompt tokens): warm {w * 1e3:.1f} ms, "
+            f"cold {c * 1e3:.1f} ms, "
+            f"warm/cold {w / c:.1%} (prefix-cache hit tokens so far: {hits})"
+        )
+    return {"workload": "m1", "warm_ms": w * 1e3, "cold_ms": c * 1e3, "ratio": w / c}
+
+
+def bench_g1(args) -> dict:
+    try:
+        from grammar.bench import main as g1_main
+    except ImportError as e:  # the grammar package needs its backend library
+        raise SystemExit(f"G1 needs the grammar package: {e}") from e
+    return g1_main(args)
+
+
+WORKLOADS = {
+    "c1": bench_c1,
+    "w1": bench_gpu,
+    "w2": bench_gpu,
+    "w3": bench_gpu,
+    "m1": bench_m1,
+    "g1": bench_g1,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="chatloom bench",
+        description="Run a benchmark workload of benchmarks.md (engine start-up excluded, printed apart).",
+    )
+    p.add_argument("--workload", required=True, choices=sorted(WORKLOADS), help="which workload")
+    p.add_argument("--peer", choices=["none", "hf"], default="none", help="also run HF transformers generate")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads for both sides (CPU workloads)")
+    p.add_argument("--eager", action="store_true", help="GPU: no CUDA graphs")
+    p.add_argument("--repeats", type=int, default=3, help="M1: timed repetitions (best is reported)")
+    p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    result = WORKLOADS[args.workload](args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
