@@ -63,51 +63,46 @@ def error_response(status_code: int, message: str, *, param=None, code=None, typ
 
 # pieces pydantic puts into `loc` for union members and validators, not field names
 _LOC_NOISE = {"str", "int", "float", "bool", "dict", "list", "none", "literal", "json-or-python"}
+_ITEM_TYPES = {"message", "function_call", "function_call_output", "input_text", "output_text"}
+_FORMATS = {"text", "json_object", "json_schema"}
+# discriminated unions put the member's tag after the field (and index) they sit in
+_TAGS_BY_FIELD = {
+    "messages": {"system", "developer", "user", "assistant", "tool"},
+    "input": _ITEM_TYPES,
+    "content": _ITEM_TYPES,
+    "response_format": _FORMATS,
+    "format": _FORMATS,
+}
 
 
 def format_loc(loc: tuple[Any, ...]) -> str | None:
     """("body", "messages", 0, "user", "content") -> "messages[0].content"."""
     parts: list[str] = []
     items = list(loc[1:] if loc and loc[0] in ("body", "query", "path", "header") else loc)
-    for item in items:
+    field: str | None = None  # the last real field name seen
+    for pos, item in enumerate(items):
         if isinstance(item, int):
             parts.append(f"[{item}]")
             continue
         text = str(item)
         if text in _LOC_NOISE or not text.replace("_", "a").replace("$", "a").isalnum():
-            continue  # e.g. "list[str]", "function-after[...]", union tags of unions of types
-        if text in _ROLE_TAGS and parts and parts[-1].startswith("["):
-            continue  # the discriminator tag pydantic inserts after messages[i]
+            continue  # e.g. "list[str]", "function-after[...]"
+        if text[:1].isupper():
+            continue  # a union member's class name
+        is_last = pos == len(items) - 1
+        if not is_last and field is not None and text in _TAGS_BY_FIELD.get(field, ()):
+            continue
         parts.append(("." if parts else "") + text)
+        field = text
     return "".join(parts) or None
-
-
-_ROLE_TAGS = {
-    "system",
-    "developer",
-    "user",
-    "assistant",
-    "tool",
-    "message",
-    "function_call",
-    "function_call_output",
-    "function",
-    "text",
-    "json_object",
-    "json_schema",
-    "input_text",
-    "output_text",
-    "refusal",
-    "image_url",
-    "input_image",
-}
 
 
 def _validation_message(request: Request, exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
         return "Invalid request body.", None
-    first = errors[0]
+    # unions report one error per member; the member that got furthest names the real problem
+    first = max(errors, key=lambda e: len(e.get("loc", ())))
     kind = first.get("type", "")
     loc = tuple(first.get("loc", ()))
     if kind == "json_invalid":
@@ -126,8 +121,6 @@ def _validation_message(request: Request, exc: RequestValidationError) -> tuple[
         text = f"Invalid value for '{param}': {msg}."
     else:
         text = f"Invalid request: {msg}."
-    if len(errors) > 1:
-        text += f" ({len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
     return text, param
 
 

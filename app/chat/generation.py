@@ -38,7 +38,7 @@ def check_context(prompt_len: int, max_tokens: int | None, max_model_len: int, p
         raise APIError(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "
             f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for the "
-            "completion). Reduce the prompt or the max tokens.",
+            "completion). Reduce the prompt or max_tokens.",
             param="max_tokens",
             code="context_length_exceeded",
         )

@@ -109,7 +109,9 @@ def check_tools(tools: list[dict[str, Any]] | None, tool_choice: Any) -> None:
     names = [t["function"]["name"] for t in tools or []]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise APIError(f"Tool names must be unique; repeated: {', '.join(dupes)}.", param="tools")
+        raise APIError(
+            f"Function names in 'tools' must be unique; repeated: {', '.join(dupes)}.", param="tools"
+        )
     if tool_choice == "required" and not names:
         raise APIError("tool_choice 'required' needs at least one tool in 'tools'.", param="tool_choice")
     if isinstance(tool_choice, dict):

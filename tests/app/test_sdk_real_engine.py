@@ -1,0 +1,158 @@
+"""The official openai SDK, with strict response validation, against `chatloom serve`'s app loading
+the tiny random Qwen3 through the real engine on localhost."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from tests.app.wire import check_chat_stream
+
+MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say something."}]
+
+
+@pytest.fixture(scope="module")
+def client(real_server):
+    return openai.OpenAI(
+        base_url=real_server.base, api_key="none", _strict_response_validation=True, max_retries=0
+    )
+
+
+def test_models(client, real_server):
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["tiny-qwen3"]
+    raw = httpx.get(real_server.url + "/models").json()  # clients whose base URL lacks /v1
+    assert raw["object"] == "list" and raw["data"][0]["id"] == "tiny-qwen3"
+
+
+def test_chat_non_streaming(client):
+    resp = client.chat.completions.create(model="gpt-4o-mini", messages=MSGS, max_tokens=8, seed=1)
+    assert resp.object == "chat.completion" and resp.model == "gpt-4o-mini"
+    choice = resp.choices[0]
+    assert choice.finish_reason in ("stop", "length") and isinstance(choice.message.content, str)
+    assert resp.usage.completion_tokens <= 8
+    assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
+
+
+def test_chat_streaming_include_usage(client):
+    chunks = list(
+        client.chat.completions.create(
+            model="m", messages=MSGS, max_tokens=8, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_chat_n2(client):
+    resp = client.chat.completions.create(model="m", messages=MSGS, max_tokens=6, n=2, temperature=1.0)
+    assert [c.index for c in resp.choices] == [0, 1]
+    stream = client.chat.completions.create(model="m", messages=MSGS, max_tokens=6, n=2, stream=True)
+    finished = [ch.index for c in stream for ch in c.choices if ch.finish_reason]
+    assert sorted(finished) == [0, 1]
+
+
+def test_greedy_is_deterministic_and_stop_cuts(client):
+    kw = dict(model="m", messages=MSGS, max_tokens=12, temperature=0)
+    full = client.chat.completions.create(**kw).choices[0].message.content
+    assert client.chat.completions.create(**kw).choices[0].message.content == full
+    if len(full) >= 4:
+        stop = full[2:4]
+        cut = client.chat.completions.create(**kw, stop=[stop]).choices[0]
+        assert cut.message.content == full[: full.index(stop)]
+        assert cut.finish_reason == "stop"
+
+
+def test_logprobs(client):
+    resp = client.chat.completions.create(
+        model="m", messages=MSGS, max_tokens=5, logprobs=True, top_logprobs=3, temperature=0
+    )
+    lps = resp.choices[0].logprobs.content
+    assert len(lps) == resp.usage.completion_tokens
+    assert all(len(lp.top_logprobs) == 3 and lp.logprob <= 0 for lp in lps)
+    stream = client.chat.completions.create(
+        model="m", messages=MSGS, max_tokens=5, logprobs=True, top_logprobs=1, stream=True, temperature=0
+    )
+    streamed = [lp for c in stream for ch in c.choices if ch.logprobs for lp in ch.logprobs.content or []]
+    assert [lp.token for lp in streamed] == [lp.token for lp in lps]
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+@pytest.mark.parametrize("n", [1, 2])
+def test_raw_stream_invariants(real_server, include_usage, n):
+    body = {
+        "messages": MSGS,
+        "max_tokens": 10,
+        "n": n,
+        "stream": True,
+        "logprobs": True,
+        "stream_options": {"include_usage": include_usage},
+    }
+    r = httpx.post(real_server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    choices, usage = check_chat_stream(r.content, n=n, include_usage=include_usage)
+    assert all(c.finish_reason in ("stop", "length") for c in choices)
+    if usage:
+        assert usage["completion_tokens"] == sum(len(c.logprobs) for c in choices)
+
+
+def test_responses_non_streaming(client):
+    resp = client.responses.create(
+        model="gpt-4o-mini",
+        input=[{"type": "message", "role": "user", "content": "hi"}],
+        instructions="Be brief.",
+        max_output_tokens=6,
+        text={},
+    )
+    assert resp.object == "response" and resp.status in ("completed", "incomplete")
+    assert resp.output[0].type == "message" and isinstance(resp.output_text, str)
+    assert resp.usage.output_tokens <= 6
+
+
+def test_responses_streaming(client):
+    events = list(client.responses.create(model="m", input="hi", max_output_tokens=6, stream=True))
+    types = [e.type for e in events]
+    assert types[0] == "response.created" and types[-1] in ("response.completed", "response.incomplete")
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == events[-1].response.output_text
+    assert all(e.delta for e in events if e.type == "response.output_text.delta")
+
+
+def test_completions(client, real_server):
+    resp = client.completions.create(model="m", prompt="Once upon a time", max_tokens=5, logprobs=2)
+    assert resp.choices[0].finish_reason in ("stop", "length")
+    assert len(resp.choices[0].logprobs.tokens) == resp.usage.completion_tokens
+    # streamed legacy chunks carry finish_reason null until the end, as OpenAI's do; the SDK's
+    # Completion type (reused for chunks) does not allow null, so this part skips strict validation
+    lenient = openai.OpenAI(base_url=real_server.base, api_key="none", max_retries=0)
+    chunks = list(lenient.completions.create(model="m", prompt="Hello", max_tokens=4, stream=True))
+    assert sum(1 for c in chunks for ch in c.choices if ch.finish_reason) == 1
+
+
+def test_tools_accepted_end_to_end(client):
+    """The random model will not call tools; the request path with tools (and grammar) still works."""
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "Calculator",
+                "parameters": {"type": "object", "properties": {"input": {"type": "string"}}, "$schema": "x"},
+                "strict": None,
+            },
+        }
+    ]
+    resp = client.chat.completions.create(model="m", messages=MSGS, tools=tools, max_tokens=30)
+    choice = resp.choices[0]
+    for call in choice.message.tool_calls or []:
+        json.loads(call.function.arguments)
+    assert choice.finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_health_and_metrics(real_server):
+    assert httpx.get(real_server.url + "/health").json() == {"status": "ok"}
+    text = httpx.get(real_server.url + "/metrics").text
+    assert "chatloom_kv_blocks_total 512.0" in text
