@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import jsonschema
+import pytest
 
 from tests.memory.conftest import make_settings, running_app
 
@@ -129,3 +130,31 @@ async def test_assistant_validation(db_url, fake_engine):
         assert r.status_code == 409
         assert (await client.get("/v1/assistants/default")).json()["id"] == "default"
         assert (await client.get("/v1/assistants/missing")).status_code == 404
+
+
+async def test_required_tool_call_through_the_real_engine_and_grammar(tmp_path, tiny_qwen3, webhook_server):
+    """The real tiny engine (random weights) with grammar.api: under tool_choice "required" the
+    first round must be a schema-valid call; the webhook gets it, and the turn completes."""
+    pytest.importorskip("grammar.api", reason="the grammar module (issue 4) has not landed")
+    from engine import AsyncEngine, EngineConfig
+
+    config = EngineConfig(model=str(tiny_qwen3), device="cpu", dtype="float32", num_kv_blocks=256,
+                          max_model_len=2048)
+    engine = AsyncEngine(config)
+    await engine.start()
+    try:
+        async with running_app(make_settings(f"sqlite:///{tmp_path}/g.db"), engine) as client:
+            body = assistant(webhook_server.base + "/weather")
+            body["sampling"] = {"temperature": 0.6, "max_tokens": 48, "seed": 1}
+            aid = (await client.post("/v1/assistants", json=body)).json()["id"]
+            r = await client.post(f"/webhook/{aid}/chat",
+                                  json={"sessionId": "real-tool", "chatInput": "Paris?"})
+            assert r.status_code == 200, r.text
+            msgs = (await client.get("/v1/sessions/real-tool/messages")).json()["data"]
+    finally:
+        await engine.shutdown()
+    assert webhook_server.received, "the required call never reached the webhook"
+    for _, args in webhook_server.received:
+        jsonschema.validate(args, WEATHER["parameters"])
+    assert msgs[1]["tool_calls"] and msgs[2]["role"] == "tool"
+    assert msgs[-1]["role"] == "assistant"
