@@ -20,6 +20,7 @@ import httpx
 
 from app.agent import replay
 from app.agent.webhooks import ToolResult, call_webhook
+from app.chat.constraints import build_constraint
 from app.chat.tool_parser import CallArgs, CallStart, Content, ParsedCall, ToolCallParser
 from app.memory import repository as repo
 from app.memory.db import Database
@@ -89,18 +90,6 @@ def _stop_ids(tokenizer) -> set[int]:
         if isinstance(tid, int) and tid != getattr(tokenizer, "unk_token_id", None):
             ids.add(tid)
     return {i for i in ids if i is not None}
-
-
-def _constraint(tokenizer, tools: list[dict], choice: Any, max_tokens: int):
-    """grammar.api (issue 4) when present: tool calls valid for their schemas by construction."""
-    if not tools or choice == "none":
-        return None
-    try:
-        from grammar.api import build_constraint
-    except ImportError:
-        return None
-    return build_constraint(tokenizer, tools=tools, tool_choice=choice or "auto",
-                            parallel_tool_calls=True, max_tokens=max_tokens)
 
 
 def _max_model_len(engine) -> int | None:
@@ -189,7 +178,11 @@ async def _run_turn_locked(
             kept, prompt_ids = replay.fit_tokens(tokenizer, kept, budget, **render)
         else:
             prompt_ids = replay.render_ids(tokenizer, kept, **render)
-        constraint = _constraint(tokenizer, tools, choice, sampling["max_tokens"])
+        # grammar.api through the API's adapter (compiled off the event loop; None without a backend)
+        constraint = await build_constraint(
+            tokenizer, tools=tools or None, tool_choice=choice or "auto", parallel_tool_calls=True,
+            response_format=None, max_tokens=sampling["max_tokens"],
+        )
         # tool-call tags are added tokens that decode() drops when skipping specials; stop
         # tokens are never detokenized, so nothing else special shows up in the text
         params = SamplingParams(**sampling, constraint=constraint, skip_special_tokens=False)
