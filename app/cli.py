@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "bench":
         from engine.bench import main as bench_main  # lazy: pulls torch
 
-        return bench_main(argv[1:]) or 0
+        bench_main(argv[1:])  # prints its report; returns the numbers for programmatic callers
+        return 0
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return serve(args)

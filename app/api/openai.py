@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from app.chat.generation import EngineRun, check_context, make_params, new_id, sampling_fields
-from app.chat.serving import SSE_DONE, sse
+from app.chat.generation import (
+    EngineRun,
+    check_context,
+    make_params,
+    new_id,
+    sampling_fields,
+    watch_disconnect,
+)
+from app.chat.serving import SSE_DONE, rejected_as_400, sse
 from app.deps import ApiKey, ServingDep
 from app.errors import APIError
 from app.schemas.chat import ChatCompletionRequest
@@ -126,13 +134,15 @@ async def completions(body: CompletionRequest, request: Request, serving: Servin
     texts = [[echo] for _ in range(body.n)]
     reasons: list[str | None] = [None] * body.n
     lps: list[list[Any]] = [[] for _ in range(body.n)]
+    watcher = asyncio.create_task(watch_disconnect(request, run))
     try:
-        async for out in run:
+        async for out in rejected_as_400(run):
             texts[out.index].append(out.text_delta)
             lps[out.index] += out.logprobs or []
             if out.finish_reason:
                 reasons[out.index] = "length" if out.finish_reason == "length" else "stop"
     finally:
+        watcher.cancel()
         await run.close()
     choices = [
         {

@@ -13,7 +13,6 @@ from app.chat import responses as convert
 from app.chat.generation import new_id, sampling_fields
 from app.chat.serving import Prepared, Serving
 from app.deps import ApiKey, ServingDep
-from app.errors import error_body
 from app.schemas.responses import ResponsesRequest
 
 router = APIRouter(dependencies=[ApiKey], tags=["responses"])
@@ -92,18 +91,8 @@ async def create_response(body: ResponsesRequest, request: Request, serving: Ser
                 yield _event(ev)
         except Exception as exc:
             log.exception("error while streaming %s", prep.request_id)
-            err = error_body(f"Internal error while generating: {type(exc).__name__}", "server_error")[
-                "error"
-            ]
-            yield _event(
-                {
-                    "type": "error",
-                    "sequence_number": 0,
-                    "message": err["message"],
-                    "code": "server_error",
-                    "param": None,
-                }
-            )
+            message = f"Internal error while generating: {type(exc).__name__}"
+            yield _event(builder.event("error", message=message, code="server_error", param=None))
         finally:
             await run.close()
 

@@ -147,7 +147,8 @@ class EngineRun:
             self.metrics.generation_tokens.inc(self.completion_tokens)
             self.metrics.e2e.observe(time.perf_counter() - self._start)
 
-    async def close(self) -> None:
+    async def abort(self) -> None:
+        """Stop the request in the engine (safe from another task; shielded from cancellation)."""
         with anyio.CancelScope(shield=True):
             if not self.finished:
                 log.info("aborting request %s", self.request_id)
@@ -155,7 +156,12 @@ class EngineRun:
                     await self.engine.abort(self.request_id)
                 except Exception:
                     log.exception("abort of %s failed", self.request_id)
-            if self._gen is not None:
+
+    async def close(self) -> None:
+        """From the consuming task, when done with the run: abort unless finished, free the stream."""
+        await self.abort()
+        if self._gen is not None and not self._gen.ag_running:
+            with anyio.CancelScope(shield=True):
                 await self._gen.aclose()
 
 
@@ -164,7 +170,7 @@ async def watch_disconnect(request: Any, run: EngineRun, interval: float = 0.2) 
     while not run.finished:
         if await request.is_disconnected():
             log.info("client of %s disconnected", run.request_id)
-            await run.close()
+            await run.abort()
             return
         await asyncio.sleep(interval)
 

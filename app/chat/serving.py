@@ -224,7 +224,7 @@ class Serving:
         choices = [Choice() for _ in parsers]
         watcher = asyncio.create_task(watch_disconnect(request, run)) if request is not None else None
         try:
-            async for out in run:
+            async for out in rejected_as_400(run):
                 choice = choices[out.index]
                 choice.tokens += len(out.new_token_ids)
                 choice.add(parsers[out.index].feed(out.text_delta))
@@ -326,6 +326,20 @@ class Serving:
             yield SSE_DONE
         finally:
             await run.close()
+
+
+async def rejected_as_400(run: EngineRun) -> AsyncIterator[Any]:
+    """The engine raises ValueError when it refuses a request before generating (it checks what we
+    cannot, e.g. a grammar's limits): that is the client's request, so a 400, not a 500."""
+    started = False
+    try:
+        async for out in run:
+            started = True
+            yield out
+    except ValueError as exc:
+        if started:
+            raise
+        raise APIError(f"The engine rejected the request: {exc}") from exc
 
 
 def deltas(events: list[Event]) -> list[dict[str, Any]]:

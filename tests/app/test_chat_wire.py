@@ -291,3 +291,22 @@ def test_metrics_exposition(fake_server, script):
     ):
         assert name in text, name
     assert 'endpoint="/v1/chat/completions",status="200"' in text
+
+
+def test_engine_refusal_is_400_not_500(fake_server, script):
+    def refuse(prompt, params, index):
+        raise ValueError("grammar too large for max_tokens")
+
+    script(refuse)
+    r = post(fake_server, "/v1/chat/completions", {"messages": USER})
+    assert r.status_code == 400 and "grammar too large" in r.json()["error"]["message"]
+
+
+def test_responses_stream_error_event(client, script):
+    def broken(prompt, params, index):
+        raise RuntimeError("boom")
+
+    script(broken)
+    events = list(client.responses.create(model="m", input="hi", stream=True))
+    assert [e.type for e in events] == ["response.created", "response.in_progress", "error"]
+    assert events[-1].sequence_number == 2 and "RuntimeError" in events[-1].message
