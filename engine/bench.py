@@ -113,11 +113,14 @@ def _time_engine(llm, prompts, outs, temperature: float, label: str) -> tuple[fl
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     steps0 = llm.core.num_steps
-    t0 = time.perf_counter()
-    results = llm.generate(prompts, params, use_tqdm=True)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    dt = time.perf_counter() - t0
+    profiler = _Profile(enabled=PROFILE)
+    with profiler:
+        t0 = time.perf_counter()
+        results = llm.generate(prompts, params, use_tqdm=True)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+    profiler.report(dt, llm.core.num_steps - steps0)
     produced = sum(len(r.token_ids) for r in results)
     assert produced == sum(outs), f"{label}: produced {produced} tokens, expected {sum(outs)}"
     print(
@@ -125,6 +128,57 @@ def _time_engine(llm, prompts, outs, temperature: float, label: str) -> tuple[fl
         f"({llm.core.num_steps - steps0} steps)"
     )
     return dt, produced
+
+
+PROFILE = False
+
+
+class _Profile:
+    """--profile: where a timed run spends its time (python functions, GPU kernels vs wall)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def __enter__(self):
+        if self.enabled:
+            import cProfile
+
+            import torch
+
+            self.cprof = cProfile.Profile()
+            self.torch_prof = None
+            if torch.cuda.is_available():
+                acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+                self.torch_prof = torch.profiler.profile(activities=acts)
+                self.torch_prof.__enter__()
+            self.cprof.enable()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self.cprof.disable()
+            if self.torch_prof is not None:
+                self.torch_prof.__exit__(None, None, None)
+
+    def report(self, wall: float, steps: int) -> None:
+        if not self.enabled:
+            return
+        import io
+        import pstats
+
+        buf = io.StringIO()
+        pstats.Stats(self.cprof, stream=buf).sort_stats("tottime").print_stats(25)
+        print(buf.getvalue())
+        if self.torch_prof is not None:
+            events = self.torch_prof.key_averages()
+            gpu_us = sum(getattr(e, "self_device_time_total", 0) for e in events)
+            print(events.table(sort_by="self_device_time_total", row_limit=15))
+            print(
+                f"profile: wall {wall * 1e3:.1f} ms over {steps} steps "
+                f"= {wall / max(steps, 1) * 1e3:.3f} ms/step; "
+                f"GPU kernels {gpu_us / 1e3:.1f} ms = {gpu_us / 1e3 / max(steps, 1):.3f} ms/step "
+                f"({gpu_us / 1e6 / wall:.0%} of wall)"
+            )
 
 
 def _hf_peer(path: Path, prompts, outs, device: str, dtype, useful: int) -> float:
@@ -325,11 +379,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eager", action="store_true", help="GPU: no CUDA graphs")
     p.add_argument("--repeats", type=int, default=3, help="M1: timed repetitions (best is reported)")
     p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
+    p.add_argument("--profile", action="store_true", help="print where the timed run spends its time")
     return p
 
 
 def main(argv: list[str] | None = None) -> dict:
+    global PROFILE
     args = build_parser().parse_args(argv)
+    PROFILE = args.profile
     result = WORKLOADS[args.workload](args)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
