@@ -13,6 +13,7 @@ Two rules keep turn N+1's prompt an extension of turn N's prompt + reply, token 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 
@@ -103,18 +104,41 @@ def render_ids(
     return ids
 
 
+def _approx_tokens(tokenizer, m: dict) -> int:
+    """A message's size without rendering (ids when stored, else its text): deterministic, so the
+    cut computed from it lands on the same turn every time."""
+    if m.get("token_ids"):
+        return len(m["token_ids"]) + 4
+    n = len(_tokenize(tokenizer, m.get("content") or ""))
+    for call in m.get("tool_calls") or []:
+        n += len(_tokenize(tokenizer, json.dumps(call.get("function", {})))) + 6
+    return n + 4  # role header and end markers
+
+
 def fit_tokens(
     tokenizer,
     messages: list[dict],
     max_tokens: int,
     **render_kwargs,
 ) -> tuple[list[dict], list[int]]:
-    """Drop whole turns from the front until the rendered prompt has at most max_tokens ids
-    (the last turn is always kept). Returns the kept messages and their ids."""
+    """Drop whole turns from the front until the rendered prompt has at most max_tokens ids (the
+    last turn is always kept). The amount dropped is rounded up to a stride of max_tokens / 4, so
+    the cut stays on the same turn while the conversation grows by up to a stride: those turns
+    still extend the previous prompt. Returns the kept messages and their ids."""
+    ids = render_ids(tokenizer, messages, **render_kwargs)
+    if len(ids) <= max_tokens:
+        return list(messages), ids
     groups = group_turns(messages)
+    sizes = [sum(_approx_tokens(tokenizer, m) for m in g) for g in groups]
+    stride = max(1, max_tokens // 4)
+    target = -(-(len(ids) - max_tokens) // stride) * stride
+    start, dropped = 0, 0
+    while start < len(groups) - 1 and dropped < target:
+        dropped += sizes[start]
+        start += 1
     while True:
-        kept = drop_orphans([m for g in groups for m in g])
+        kept = drop_orphans([m for g in groups[start:] for m in g])
         ids = render_ids(tokenizer, kept, **render_kwargs)
-        if len(ids) <= max_tokens or len(groups) <= 1:
+        if len(ids) <= max_tokens or start >= len(groups) - 1:
             return kept, ids
-        groups = groups[1:]
+        start += 1

@@ -51,7 +51,11 @@ class Database:
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
         if self.is_sqlite and parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        self.engine: AsyncEngine = create_async_engine(self.url, echo=echo, pool_pre_ping=not self.is_sqlite)
+        # SQLite: wait for the one writer instead of failing at once with "database is locked"
+        connect_args = {"timeout": 30} if self.is_sqlite else {}
+        self.engine: AsyncEngine = create_async_engine(
+            self.url, echo=echo, pool_pre_ping=not self.is_sqlite, connect_args=connect_args
+        )
         if self.is_sqlite:
             event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
         self.sessionmaker = async_sessionmaker(self.engine, expire_on_commit=False)

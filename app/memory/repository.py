@@ -13,6 +13,8 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.memory.models import Assistant, ChatSession, Message, utcnow
@@ -65,13 +67,27 @@ async def upsert_assistant(s: AsyncSession, data: dict[str, Any], assistant_id: 
 # ---- sessions and messages ----------------------------------------------------------------------
 
 
-async def ensure_session(s: AsyncSession, session_id: str, assistant_id: str | None = None) -> ChatSession:
+def _insert(s: AsyncSession, table):
+    dialect = s.bind.dialect.name
+    return (pg_insert if dialect == "postgresql" else sqlite_insert)(table)
+
+
+async def ensure_session(
+    s: AsyncSession, session_id: str, assistant_id: str | None = None, *, lock: bool = False
+) -> ChatSession:
+    """Get or create (race-free: INSERT .. ON CONFLICT DO NOTHING). lock: hold the row
+    (SELECT .. FOR UPDATE on PostgreSQL) until the transaction ends."""
     row = await s.get(ChatSession, session_id)
     if row is None:
-        row = ChatSession(id=session_id, assistant_id=assistant_id)
-        s.add(row)
-        await s.flush()
-    elif assistant_id and row.assistant_id is None:
+        now = utcnow()
+        await s.execute(
+            _insert(s, ChatSession.__table__)
+            .values(id=session_id, assistant_id=assistant_id, created_at=now, updated_at=now)
+            .on_conflict_do_nothing(index_elements=["id"])
+        )
+    if row is None or lock:
+        row = await s.get(ChatSession, session_id, with_for_update=lock, populate_existing=True)
+    if assistant_id and row.assistant_id is None:
         row.assistant_id = assistant_id
     return row
 
@@ -114,16 +130,17 @@ async def import_n8n_rows(s: AsyncSession, history: sa.Table, session_id: str) -
     mirrored = sa.select(Message.n8n_row_id).where(
         Message.session_id == session_id, Message.n8n_row_id.is_not(None)
     )
-    rows = (
-        await s.execute(
-            sa.select(history.c.id, history.c.message)
-            .where(history.c.session_id == session_id, history.c.id.not_in(mirrored))
-            .order_by(history.c.id)
-        )
-    ).all()
-    if not rows:
+    foreign = (
+        sa.select(history.c.id, history.c.message)
+        .where(history.c.session_id == session_id, history.c.id.not_in(mirrored))
+        .order_by(history.c.id)
+    )
+    if not (await s.execute(foreign)).first():
         return 0
-    await ensure_session(s, session_id)
+    # concurrent readers of one session: the session row lock makes one of them import, the
+    # other then finds nothing left (the common path above takes no lock)
+    await ensure_session(s, session_id, lock=True)
+    rows = (await s.execute(foreign)).all()
     for row_id, message in rows:
         m = from_langchain(message)
         s.add(Message(session_id=session_id, n8n_row_id=row_id, **m))

@@ -171,3 +171,17 @@ async def test_second_turn_hits_the_prefix_cache(tiny_qwen3, tmp_path):
         assert hits[1] > hits[0] and hits[2] > hits[1]
     finally:
         await engine.shutdown()
+
+
+def test_token_window_cut_is_stable_while_the_conversation_grows(chat_tokenizer):
+    history: list[dict] = []
+    budget = 400
+    starts = []
+    for i in range(40):
+        history += [_user(f"question number {i} about something"), _asst(f"answer {i} " + "word " * (i % 7))]
+        kept, ids = replay.fit_tokens(chat_tokenizer, history, budget, system_prompt="sys")
+        assert len(ids) <= budget and kept[-1] is history[-1]
+        starts.append(history.index(kept[0]))
+    moves = sum(a != b for a, b in zip(starts, starts[1:], strict=False))
+    grown = sum(s > 0 for s in starts)
+    assert 0 < moves <= grown // 2  # most turns keep the previous cut, so their prompt extends the last

@@ -3,6 +3,7 @@ assistants seeded from YAML, the Alembic CLI, and the API key on the conversatio
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -120,3 +121,50 @@ async def test_conversation_apis_need_the_key(tmp_path, fake_engine):
         assert (await client.get("/v1/sessions")).status_code == 401
         ok = await client.get("/v1/assistants", headers={"Authorization": "Bearer sekrit"})
         assert ok.status_code == 200
+
+
+async def test_concurrent_readers_import_n8n_rows_once(db_url):
+    from app.memory import repository as repo
+
+    db = await _db(db_url)
+    try:
+        async with db.session() as s:
+            for i in range(3):
+                msg = {"type": "human", "content": f"m{i}", "additional_kwargs": {}, "response_metadata": {}}
+                await s.execute(sa.insert(db.history).values(session_id="race", message=msg))
+
+        async def read() -> int:
+            async with db.session() as s:
+                return len(await repo.get_messages(s, db.history, "race"))
+
+        assert await asyncio.gather(*(read() for _ in range(4))) == [3] * 4
+        async with db.session() as s:
+            assert await s.scalar(sa.text("SELECT count(*) FROM messages WHERE session_id = 'race'")) == 3
+        # and concurrent creators of one new session do not collide
+        async def create(i: int) -> None:
+            async with db.session() as s:
+                await repo.ensure_session(s, "new-one")
+
+        await asyncio.gather(*(create(i) for i in range(4)))
+    finally:
+        await db.dispose()
+
+
+async def test_openai_session_replay_extends_the_previous_prompt(tmp_path, chat_tokenizer):
+    """How the chat-completions handler uses the store: load_and_append -> render_ids ->
+    generate -> record_reply; the next request's prompt extends the previous prompt + reply."""
+    from app.agent.replay import render_ids
+
+    db = await _db(f"sqlite:///{tmp_path}/o.db")
+    try:
+        tok = chat_tokenizer
+        sys_msg = {"role": "system", "content": "be brief"}
+        convo = await load_and_append(db, "oa2", [sys_msg, {"role": "user", "content": "hi"}])
+        first = render_ids(tok, convo)
+        reply = [tok.convert_tokens_to_ids(tok.tokenize(c))[0] for c in "Hey you"]  # non-canonical ids
+        await record_reply(db, "oa2", tok.decode(reply), token_ids=reply)
+        convo = await load_and_append(db, "oa2", [sys_msg, {"role": "user", "content": "more"}])
+        second = render_ids(tok, convo)
+        assert second[: len(first) + len(reply) + 1] == first + reply + [tok.eos_token_id]
+    finally:
+        await db.dispose()
