@@ -35,6 +35,18 @@ router = APIRouter(tags=["n8n"])
 NDJSON_ACCEPT = ("text/plain", "application/x-ndjson")
 
 
+def wants_ndjson(accept: str) -> bool:
+    """The first of text/plain, application/x-ndjson, application/json named in Accept decides
+    (the widget streams with `Accept: text/plain`; JSON clients often list several types)."""
+    for part in accept.split(","):
+        kind = part.split(";")[0].strip().lower()
+        if kind in NDJSON_ACCEPT:
+            return True
+        if kind == "application/json":
+            return False
+    return False
+
+
 def _setting(request: Request, name: str, default: str) -> str:
     settings = getattr(request.app.state, "settings", None)
     return getattr(settings, name, None) or default
@@ -117,8 +129,7 @@ async def chat(assistant_id: str, request: Request, db: DB, http: HTTP):
     deps = TurnDeps(engine, db, http)
     pieces = run_turn(deps, spec, session_id, text)
 
-    accept = request.headers.get("accept", "")
-    if any(kind in accept for kind in NDJSON_ACCEPT):
+    if wants_ndjson(request.headers.get("accept", "")):
         return StreamingResponse(
             _ndjson(pieces, assistant_id, spec.name),
             media_type="application/json; charset=utf-8",
@@ -130,8 +141,13 @@ async def chat(assistant_id: str, request: Request, db: DB, http: HTTP):
 
 async def _ndjson(pieces: AsyncIterator[str], node_id: str, node_name: str) -> AsyncIterator[bytes]:
     def line(kind: str, content: str | None = None) -> bytes:
-        meta = {"nodeId": node_id, "nodeName": node_name or node_id, "runIndex": 0, "itemIndex": 0,
-                "timestamp": int(time.time() * 1000)}
+        meta = {
+            "nodeId": node_id,
+            "nodeName": node_name or node_id,
+            "runIndex": 0,
+            "itemIndex": 0,
+            "timestamp": int(time.time() * 1000),
+        }
         obj: dict[str, Any] = {"type": kind}
         if content is not None:
             obj["content"] = content

@@ -141,3 +141,12 @@ async def test_sessions_api(db_url, fake_engine):
             q = sa.text("SELECT count(*) FROM n8n_chat_histories WHERE session_id = 'a'")
             assert (await conn.execute(q)).scalar_one() == 0
         assert [s["id"] for s in (await client.get("/v1/sessions")).json()["data"]] == ["b"]
+
+
+def test_accept_header_picks_the_reply_format():
+    from app.api.n8n import wants_ndjson
+
+    assert wants_ndjson("text/plain") and wants_ndjson("application/x-ndjson")
+    assert not wants_ndjson("application/json, text/plain, */*")
+    assert not wants_ndjson("*/*") and not wants_ndjson("")
+    assert wants_ndjson("text/plain;q=0.9, application/json;q=0.8")
