@@ -53,7 +53,8 @@ async def get_model(model_id: str, serving: ServingDep) -> Model:
 @router.post("/v1/chat/completions")
 @router.post("/chat/completions", include_in_schema=False)
 async def chat_completions(body: ChatCompletionRequest, request: Request, serving: ServingDep):
-    prep = await serving.prepare_chat(body)
+    session_id = request.headers.get("x-session-id") or body.session_id
+    prep = await serving.prepare_chat(body, session_id, getattr(request.app.state, "db", None))
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return sse_response(serving.chat_stream(prep, include_usage))

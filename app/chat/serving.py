@@ -60,6 +60,8 @@ class Prepared:
     top_logprobs: int | None  # None: no logprobs asked
     model: str
     created: int = field(default_factory=lambda: int(time.time()))
+    session_id: str | None = None  # server-side memory: the reply is stored under it
+    db: Any = None  # app.memory's Database when session memory is on
 
 
 @dataclass
@@ -71,6 +73,8 @@ class Choice:
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     engine_reason: str | None = None
     tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    stop_reason: str | int | None = None
 
     def add(self, events: list[Event]) -> None:
         for ev in events:
@@ -133,6 +137,7 @@ class Serving:
         self.max_model_len: int = engine.max_model_len
         self.vocab_size = len(self.tokenizer)
         self.served_name = settings.model_name()
+        self._special_ids = set(getattr(self.tokenizer, "all_special_ids", []) or [])
 
     def model_name(self, requested: str | None) -> str:
         if requested and self.settings.strict_model_names and requested != self.served_name:
@@ -161,13 +166,19 @@ class Serving:
         top_logprobs: int | None,
         model: str,
         request_id: str,
+        history: list[dict[str, Any]] | None = None,
     ) -> Prepared:
+        """history: a stored conversation (app.memory) rendered instead of `messages`."""
         check_tools(tools, tool_choice)
         if tool_choice is None:
             tool_choice = "auto" if tools else "none"
         use_tools = tools if tools and tool_choice != "none" else None
-        prompt = self.renderer.render(messages, use_tools)
-        prompt_ids = self.renderer.encode(prompt)
+        if history is not None:
+            from app.agent.replay import render_ids  # splices stored reply ids: the prefix cache stays warm
+
+            prompt_ids = render_ids(self.tokenizer, history, tools=use_tools)
+        else:
+            prompt_ids = self.renderer.encode(self.renderer.render(messages, use_tools))
         max_tokens = check_context(len(prompt_ids), max_tokens, self.max_model_len, "messages")
         constraint = await build_constraint(
             self.tokenizer,
@@ -185,7 +196,11 @@ class Serving:
         )
         return Prepared(request_id, prompt_ids, params, use_tools is not None, top_logprobs, model)
 
-    async def prepare_chat(self, req: ChatCompletionRequest) -> Prepared:
+    async def prepare_chat(
+        self, req: ChatCompletionRequest, session_id: str | None = None, db: Any = None
+    ) -> Prepared:
+        """session_id with a conversation store (db): the request's new messages are appended to
+        the stored conversation, which is what the model sees; the reply is stored at the end."""
         model = self.model_name(req.model)
         self.check_n(req.n)
         if req.top_logprobs is not None and not req.logprobs:
@@ -197,7 +212,17 @@ class Serving:
         if tool_choice is not None and tool_choice != "none" and req.tools is None:
             check_tools(None, tool_choice)
         response_format = req.response_format.model_dump(by_alias=True) if req.response_format else None
-        return await self.prepare(
+        history = None
+        if session_id is not None and db is not None:
+            from app.memory.conversation import load_and_append
+
+            check_tools(tools, tool_choice if tool_choice is not None else "none")
+            history = await load_and_append(
+                db, session_id, [m.model_dump(exclude_none=True) for m in req.messages]
+            )
+        else:
+            session_id = None
+        prep = await self.prepare(
             messages=chat_messages(req),
             tools=tools,
             tool_choice=tool_choice,
@@ -208,10 +233,35 @@ class Serving:
             top_logprobs=(req.top_logprobs or 0) if req.logprobs else None,
             model=model,
             request_id=new_id("chatcmpl"),
+            history=history,
         )
+        prep.session_id, prep.db = session_id, db
+        return prep
 
     def run(self, prep: Prepared) -> EngineRun:
-        return EngineRun(self.engine, prep.prompt_ids, prep.params, prep.request_id, self.metrics)
+        return EngineRun(
+            self.engine,
+            prep.prompt_ids,
+            prep.params,
+            prep.request_id,
+            self.metrics,
+            retention_key=prep.session_id,
+        )
+
+    async def remember(self, prep: Prepared, choice: Choice) -> None:
+        """Store the reply (sample 0) in the session before the response completes."""
+        if prep.session_id is None or prep.db is None:
+            return
+        from app.memory.conversation import record_reply
+
+        ids: list[int] | None = list(choice.token_ids)
+        if isinstance(choice.stop_reason, str):
+            ids = None  # a stop string was cut from the text but not from the ids: store text only
+        elif ids and (choice.stop_reason is not None or ids[-1] in self._special_ids):
+            ids = ids[:-1]  # the stop token itself is not part of the reply
+        await record_reply(
+            prep.db, prep.session_id, "".join(choice.content), tool_calls=choice.calls or None, token_ids=ids
+        )
 
     def parsers(self, prep: Prepared) -> list[ToolCallParser]:
         return [ToolCallParser(prep.parse_tools, self.renderer.tool_format) for _ in range(prep.params.n)]
@@ -227,16 +277,20 @@ class Serving:
             async for out in rejected_as_400(run):
                 choice = choices[out.index]
                 choice.tokens += len(out.new_token_ids)
+                choice.token_ids += out.new_token_ids
                 choice.add(parsers[out.index].feed(out.text_delta))
                 if out.logprobs and prep.top_logprobs is not None:
                     choice.logprobs += self.token_text.chat_logprobs(out.logprobs, prep.top_logprobs)
                 if out.finish_reason is not None:
                     choice.engine_reason = out.finish_reason
+                    choice.stop_reason = out.stop_reason
                     choice.add(parsers[out.index].finish())
         finally:
             if watcher is not None:
                 watcher.cancel()
             await run.close()
+        if choices[0].engine_reason != "abort":
+            await self.remember(prep, choices[0])
         for choice, parser in zip(choices, parsers, strict=True):
             choice.engine_reason = finish_reason(choice.engine_reason, parser.made_calls)
         return choices, run
@@ -288,6 +342,7 @@ class Serving:
         }
         pending_lp: list[list[dict[str, Any]]] = [[] for _ in parsers]  # logprobs not yet sent, per index
         want_lp = prep.top_logprobs is not None
+        first = Choice()  # sample 0, accumulated for the session store
 
         def chunk(index: int, delta: dict[str, Any], reason: str | None = None) -> bytes:
             logprobs = None
@@ -312,10 +367,17 @@ class Serving:
                 events = parsers[i].feed(out.text_delta)
                 if out.finish_reason is not None:
                     events += parsers[i].finish()
+                if i == 0 and prep.session_id is not None:
+                    first.add(events)
+                    first.token_ids += out.new_token_ids
+                    first.stop_reason = out.stop_reason
+                    first.engine_reason = out.finish_reason or first.engine_reason
                 for delta in deltas(events):
                     yield chunk(i, delta)
                 if out.finish_reason is not None:
                     yield chunk(i, {}, finish_reason(out.finish_reason, parsers[i].made_calls))
+            if first.engine_reason not in (None, "abort"):
+                await self.remember(prep, first)
             if include_usage:
                 yield sse({**base, "choices": [], "usage": self.usage(run)})
             yield SSE_DONE

@@ -192,7 +192,8 @@ class ChatCompletionRequest(Request):
     user: str | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
-    # not in the OpenAI API; vLLM-style extensions
+    # not in the OpenAI API: server-side memory (also the X-Session-Id header), vLLM-style sampling
+    session_id: str | None = Field(default=None, min_length=1, max_length=255)
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)

@@ -310,3 +310,26 @@ def test_responses_stream_error_event(client, script):
     events = list(client.responses.create(model="m", input="hi", stream=True))
     assert [e.type for e in events] == ["response.created", "response.in_progress", "error"]
     assert events[-1].sequence_number == 2 and "RuntimeError" in events[-1].message
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_session_memory_through_chat_completions(fake_server, fake_engine, script, stream):
+    """With X-Session-Id (or session_id) the stored conversation is what the model sees."""
+    sid = f"s-{stream}"
+    script("First answer.")
+    r = post(
+        fake_server,
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "first question"}], "stream": stream},
+        headers={"X-Session-Id": sid},
+    )
+    assert r.status_code == 200
+    script("Second answer.")
+    r = post(
+        fake_server,
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "second question"}], "session_id": sid},
+    )
+    assert r.json()["choices"][0]["message"]["content"] == "Second answer."
+    prompt = fake_engine.tokenizer.decode(fake_engine.requests[-1][1])
+    assert prompt.index("first question") < prompt.index("First answer.") < prompt.index("second question")
