@@ -333,3 +333,84 @@ def test_session_memory_through_chat_completions(fake_server, fake_engine, scrip
     assert r.json()["choices"][0]["message"]["content"] == "Second answer."
     prompt = fake_engine.tokenizer.decode(fake_engine.requests[-1][1])
     assert prompt.index("first question") < prompt.index("First answer.") < prompt.index("second question")
+
+
+@pytest.fixture
+def grammar_stub(monkeypatch):
+    """A grammar.api stand-in recording what the app asks for."""
+    import sys
+    import types
+
+    calls = []
+
+    class Factory:
+        def ready(self):
+            return True
+
+        def new(self):
+            raise AssertionError("the fake engine does not apply constraints")
+
+    def build_constraint(tokenizer, **kw):
+        calls.append(kw)
+        if kw["max_tokens"] < 5:
+            raise ValueError("max_tokens is too small for the tool-call grammar")
+        return Factory()
+
+    monkeypatch.setitem(sys.modules, "grammar.api", types.SimpleNamespace(build_constraint=build_constraint))
+    return calls
+
+
+def test_constraints_requested_from_grammar(fake_server, fake_engine, script, grammar_stub):
+    script('<tool_call>\n{"name": "Calculator", "arguments": {"input": "1"}}\n</tool_call>')
+    named = {"type": "function", "function": {"name": "Calculator"}}
+    r = post(
+        fake_server,
+        "/v1/chat/completions",
+        {
+            "messages": USER,
+            "tools": TOOLS,
+            "tool_choice": named,
+            "parallel_tool_calls": False,
+            "max_tokens": 50,
+        },
+    )
+    assert r.status_code == 200
+    kw = grammar_stub[-1]
+    assert kw["tool_choice"] == named and kw["parallel_tool_calls"] is False and kw["max_tokens"] == 50
+    assert [t["function"]["name"] for t in kw["tools"]] == ["get_weather", "Calculator"]
+    assert fake_engine.requests[-1][2].constraint is not None
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "out", "schema": {"type": "object"}}}
+    post(fake_server, "/v1/chat/completions", {"messages": USER, "response_format": fmt, "max_tokens": 20})
+    assert grammar_stub[-1]["response_format"]["json_schema"]["schema"] == {"type": "object"}
+    assert grammar_stub[-1]["tools"] is None
+
+    n = len(grammar_stub)
+    post(fake_server, "/v1/chat/completions", {"messages": USER, "max_tokens": 20})
+    post(fake_server, "/v1/chat/completions", {"messages": USER, "tools": TOOLS, "tool_choice": "none"})
+    assert len(grammar_stub) == n  # nothing to constrain: not asked
+
+    r = post(
+        fake_server,
+        "/v1/chat/completions",
+        {"messages": USER, "tools": TOOLS, "tool_choice": "required", "max_tokens": 2},
+    )
+    assert r.status_code == 400 and "too small" in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == "max_tokens"
+
+
+def test_responses_text_format_and_tool_choice_reach_grammar(fake_server, script, grammar_stub):
+    script('{"a": 1}')
+    fmt = {"format": {"type": "json_schema", "name": "out", "schema": {"type": "object"}, "strict": True}}
+    r = post(fake_server, "/v1/responses", {"input": "json please", "text": fmt, "max_output_tokens": 30})
+    assert r.status_code == 200, r.text
+    assert grammar_stub[-1]["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "out", "schema": {"type": "object"}, "strict": True, "description": None},
+    }
+    assert r.json()["text"]["format"]["name"] == "out"
+    choice = {"type": "function", "name": "Calculator"}
+    r = post(fake_server, "/v1/responses", {"input": "x", "tools": RESP_TOOLS, "tool_choice": choice})
+    assert r.status_code == 200
+    assert grammar_stub[-1]["tool_choice"] == {"type": "function", "function": {"name": "Calculator"}}
+    assert r.json()["tool_choice"] == choice
