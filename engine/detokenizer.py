@@ -17,6 +17,12 @@ class IncrementalDetokenizer:
         include_stop_str_in_output: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
+        # the Rust tokenizer directly (several times faster per call) unless decoding post-processes text
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+            self._fast_decode = backend.decode
+        else:
+            self._fast_decode = tokenizer.decode
         self.skip_special_tokens = skip_special_tokens
         self.stop = stop
         self.include_stop = include_stop_str_in_output
@@ -28,7 +34,7 @@ class IncrementalDetokenizer:
         self.emitted = 0  # characters of self.text already handed out
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        return self._fast_decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def add(self, token_id: int) -> None:
         self.ids.append(token_id)

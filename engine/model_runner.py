@@ -65,8 +65,7 @@ class ModelRunner:
         return int(blocks)
 
     def _tensor(self, data, dtype) -> torch.Tensor:
-        t = torch.tensor(data, dtype=dtype)
-        return t.to(self.device, non_blocking=True) if self.device.type != "cpu" else t
+        return host_to_device(data, dtype, self.device)
 
     def prepare(
         self, batch: ScheduledBatch
@@ -144,3 +143,12 @@ class ModelRunner:
             if s.num_computed_tokens + n == s.num_tokens
         ]
         return logits, sampling
+
+
+def host_to_device(data, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A python list as a tensor on device; on CUDA through pinned memory, so the copy is queued
+    behind the running step instead of waiting for it (a pageable copy synchronizes the stream)."""
+    t = torch.tensor(data, dtype=dtype)
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.model_runner import host_to_device
 from engine.sequence import Sequence
 from kernels import dispatch as ops
 
@@ -20,7 +21,9 @@ class Sampler:
     def _bitmask_for(self, rows: int) -> torch.Tensor:
         words = (self.vocab_size + 31) // 32
         if self._bitmask is None or self._bitmask.shape[0] < rows:
-            self._bitmask = torch.empty((rows, words), dtype=torch.int32)
+            self._bitmask = torch.empty(
+                (rows, words), dtype=torch.int32, pin_memory=self.device.type == "cuda"
+            )
         return self._bitmask[:rows]
 
     def process(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -28,8 +31,8 @@ class Sampler:
         for i, seq in enumerate(seqs):
             p = seq.params
             if p.logit_bias:
-                ids = torch.tensor(list(p.logit_bias), device=logits.device)
-                logits[i, ids] += torch.tensor(list(p.logit_bias.values()), device=logits.device)
+                ids = host_to_device(list(p.logit_bias), torch.long, logits.device)
+                logits[i, ids] += host_to_device(list(p.logit_bias.values()), logits.dtype, logits.device)
             if p.needs_penalties:
                 _apply_penalties(logits[i], seq, p)
             if p.min_tokens and seq.num_output_tokens < p.min_tokens:
@@ -53,10 +56,8 @@ class Sampler:
         """(batch, vocab) processed logits -> (batch,) token ids."""
         if all(s.params.greedy for s in seqs):
             return logits.argmax(dim=-1)
-        temps = torch.tensor(
-            [1.0 if s.params.greedy else s.params.temperature for s in seqs],
-            device=logits.device,
-            dtype=torch.float32,
+        temps = host_to_device(
+            [1.0 if s.params.greedy else s.params.temperature for s in seqs], torch.float32, logits.device
         )
         probs = torch.softmax(logits / temps[:, None], dim=-1)
         probs = _filter(probs, seqs)
@@ -66,9 +67,11 @@ class Sampler:
             if s.generator is not None:
                 noise[i].exponential_(generator=s.generator)
         sampled = (probs / noise).argmax(dim=-1)
-        greedy_rows = torch.tensor([s.params.greedy for s in seqs], device=logits.device)
-        if bool(greedy_rows.any()):
-            sampled = torch.where(greedy_rows, logits.argmax(dim=-1), sampled)
+        greedy = [s.params.greedy for s in seqs]
+        if any(greedy):
+            sampled = torch.where(
+                host_to_device(greedy, torch.bool, logits.device), logits.argmax(dim=-1), sampled
+            )
         return sampled
 
 
@@ -81,11 +84,11 @@ def _remaining_tokens(seq: Sequence) -> int:
 def _apply_penalties(row: torch.Tensor, seq: Sequence, p) -> None:
     out = seq.output_token_ids
     if p.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(seq.token_ids)), device=row.device, dtype=torch.long)
+        seen = host_to_device(sorted(set(seq.token_ids)), torch.long, row.device)
         vals = row[seen]
         row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
     if out and (p.frequency_penalty or p.presence_penalty):
-        ids, counts = torch.tensor(out, device=row.device).unique(return_counts=True)
+        ids, counts = host_to_device(out, torch.long, row.device).unique(return_counts=True)
         row[ids] -= p.frequency_penalty * counts.to(row.dtype) + p.presence_penalty
 
 
@@ -97,16 +100,16 @@ def _filter(probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         sorted_p, idx = probs.sort(dim=-1, descending=True)
         keep = torch.ones_like(sorted_p, dtype=torch.bool)
         if any(k > 0 for k in top_k):
-            ks = torch.tensor([k if k > 0 else probs.shape[-1] for k in top_k], device=probs.device)
+            ks = host_to_device([k if k > 0 else probs.shape[-1] for k in top_k], torch.long, probs.device)
             keep &= torch.arange(probs.shape[-1], device=probs.device)[None, :] < ks[:, None]
         if any(p < 1.0 for p in top_p):
-            ps = torch.tensor(top_p, device=probs.device, dtype=probs.dtype)
+            ps = host_to_device(top_p, probs.dtype, probs.device)
             before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly before each token
             keep &= before < ps[:, None]
         sorted_p = sorted_p * keep
         probs = torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
     if any(m > 0 for m in min_p):
-        ms = torch.tensor(min_p, device=probs.device, dtype=probs.dtype)
+        ms = host_to_device(min_p, probs.dtype, probs.device)
         probs = torch.where(probs < ms[:, None] * probs.max(dim=-1, keepdim=True).values, 0.0, probs)
     return probs
 
