@@ -1,0 +1,324 @@
+"""Micro-benchmarks of every Triton kernel against its torch reference at the Qwen3-0.6B shape.
+
+    python -m kernels.bench                      # all kernels, bf16, on CUDA
+    python -m kernels.bench --only decode,prefill --flush-l2
+    python -m kernels.bench --tiny               # tiny shapes; runs on the CPU through the interpreter
+
+Columns: `triton` and `torch` are eager per-call times (launch overhead included, as the engine would
+pay without CUDA graphs); `graph` is the Triton call replayed from a CUDA graph (GPU time only);
+GB/s is the bytes the kernel must move divided by the best Triton time; `err` is the max abs
+difference from the reference run in float32 on the same inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from kernels import reference as ref
+
+# Qwen3-0.6B
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, HIDDEN, INTERMEDIATE, VOCAB = 16, 8, 128, 1024, 3072, 151_936
+BLOCK_SIZE = 16
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+KERNELS = [
+    "decode", "prefill", "store_kv", "rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "bitmask",
+]  # fmt: skip
+
+
+@dataclass
+class Case:
+    kernel: str
+    shape: str
+    run: Callable[[], object]  # the Triton launcher call
+    ref: Callable[[], object] | None  # the reference call (None: not comparable)
+    bytes: int  # minimum bytes moved by the kernel
+    flops: int = 0
+    check: Callable[[], float] | None = None  # max abs error vs the fp32 reference
+
+
+class Timer:
+    def __init__(self, device: torch.device, reps: int, flush_l2: bool):
+        self.device, self.reps = device, reps
+        self.cuda = device.type == "cuda"
+        # 256 MiB written before each timed call evicts the H200's L2 (~60 MiB)
+        self.flush = None
+        if flush_l2 and self.cuda:
+            self.flush = torch.empty(256 << 20, dtype=torch.uint8, device=device)
+
+    def eager(self, fn: Callable[[], object]) -> float:
+        """Median seconds per call."""
+        for _ in range(3):
+            fn()
+        if not self.cuda:
+            times = []
+            for _ in range(self.reps):
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+            return statistics.median(times)
+        torch.cuda.synchronize()
+        new_event = lambda: torch.cuda.Event(enable_timing=True)
+        events = [(new_event(), new_event()) for _ in range(self.reps)]
+        for start, end in events:
+            if self.flush is not None:
+                self.flush.zero_()
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        return statistics.median(s.elapsed_time(e) for s, e in events) / 1e3
+
+    def graph(self, fn: Callable[[], object]) -> float | None:
+        if not self.cuda:
+            return None
+        try:
+            fn()
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+        except Exception:  # a kernel that syncs cannot be captured: report eager only
+            return None
+        return self.eager(graph.replay)
+
+
+def _randn(*shape, dtype, device):
+    return torch.randn(*shape, device=device).to(dtype)
+
+
+def _paged(batch: int, ctx: int, q_len: int, dtype, device):
+    """A pool with shuffled blocks: q (batch*q_len, H, D), caches, block tables, cu_seqlens_q, seq_lens."""
+    per_seq = (ctx + BLOCK_SIZE - 1) // BLOCK_SIZE
+    num_blocks = batch * per_seq + 1
+    shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    k_cache, v_cache = _randn(*shape, dtype=dtype, device=device), _randn(*shape, dtype=dtype, device=device)
+    tables = torch.randperm(num_blocks - 1, device=device)[: batch * per_seq].view(batch, per_seq).int()
+    cu = torch.arange(0, batch + 1, device=device, dtype=torch.int32) * q_len
+    seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
+    q = _randn(batch * q_len, NUM_HEADS, HEAD_DIM, dtype=dtype, device=device)
+    return q, k_cache, v_cache, tables, cu, seq_lens
+
+
+def _err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+def _f32(*ts):
+    return [t.float() if t.is_floating_point() else t for t in ts]
+
+
+def build_cases(dtype, device, tiny: bool, only: set[str]) -> list[Case]:
+    from kernels.activation import silu_and_mul
+    from kernels.bitmask import apply_token_bitmask_
+    from kernels.kv_cache import store_kv
+    from kernels.paged_attention import paged_decode_attention, paged_prefill_attention
+    from kernels.rmsnorm import fused_add_rms_norm, rms_norm
+    from kernels.rope import apply_rope
+
+    elt = torch.tensor([], dtype=dtype).element_size()
+    scale = HEAD_DIM**-0.5
+    cases: list[Case] = []
+    # decode: (batch, context); prefill: (batch, context, new tokens per sequence)
+    decode_shapes = [(b, c) for b in (1, 32) for c in (512, 1024, 2048, 4096)]
+    prefill_shapes = [(32, 128, 128), (32, 1024, 128), (1, 4096, 4096)]
+    if tiny:
+        decode_shapes, prefill_shapes = [(1, 64), (2, 100)], [(2, 16, 16), (2, 40, 8)]
+    tokens = [8] if tiny else [32, 4096]
+
+    if "decode" in only:
+        for b, ctx in decode_shapes:
+            q, kc, vc, bt, _, sl = _paged(b, ctx, 1, dtype, device)
+            out = torch.empty_like(q)
+            max_len = ctx
+
+            def run(q=q, kc=kc, vc=vc, bt=bt, sl=sl, out=out, max_len=max_len):
+                return paged_decode_attention(q, kc, vc, bt, sl, scale, out=out, max_seq_len=max_len)
+
+            def check(q=q, kc=kc, vc=vc, bt=bt, sl=sl, run=run):
+                return _err(run(), ref.decode_attention(*_f32(q, kc, vc), bt, sl, scale))
+
+            cases.append(Case(
+                "decode", f"B={b} ctx={ctx}", run,
+                lambda q=q, kc=kc, vc=vc, bt=bt, sl=sl: ref.decode_attention(q, kc, vc, bt, sl, scale),
+                2 * b * ctx * NUM_KV_HEADS * HEAD_DIM * elt + 2 * q.numel() * elt,
+                4 * b * ctx * NUM_HEADS * HEAD_DIM, check,
+            ))  # fmt: skip
+
+    if "prefill" in only:
+        for b, ctx, qlen in prefill_shapes:
+            q, kc, vc, bt, cu, sl = _paged(b, ctx, qlen, dtype, device)
+            out = torch.empty_like(q)
+
+            def run(q=q, kc=kc, vc=vc, bt=bt, cu=cu, sl=sl, out=out, qlen=qlen):
+                return paged_prefill_attention(q, kc, vc, bt, cu, sl, qlen, scale, out=out)
+
+            def check(q=q, kc=kc, vc=vc, bt=bt, cu=cu, sl=sl, run=run):
+                return _err(run(), ref.paged_attention(*_f32(q, kc, vc), bt, cu, sl, scale))
+
+            # causal pairs: each query sees the cached prefix and the new tokens up to itself
+            pairs = b * (qlen * (ctx - qlen) + qlen * (qlen + 1) // 2)
+            cases.append(Case(
+                "prefill", f"{b}x{qlen} ctx={ctx}", run,
+                lambda q=q, kc=kc, vc=vc, bt=bt, cu=cu, sl=sl: ref.paged_attention(
+                    q, kc, vc, bt, cu, sl, scale
+                ),
+                2 * q.numel() * elt + 2 * b * ctx * NUM_KV_HEADS * HEAD_DIM * elt,
+                4 * pairs * NUM_HEADS * HEAD_DIM, check,
+            ))  # fmt: skip
+
+    for n in tokens:
+        if "store_kv" in only:
+            k = _randn(n, NUM_KV_HEADS, HEAD_DIM, dtype=dtype, device=device)
+            v = _randn(n, NUM_KV_HEADS, HEAD_DIM, dtype=dtype, device=device)
+            nb = n // BLOCK_SIZE + 2
+            kc = torch.zeros(nb, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, dtype=dtype, device=device)
+            vc = torch.zeros_like(kc)
+            slots = torch.randperm(nb * BLOCK_SIZE, device=device)[:n]
+
+            def check(k=k, v=v, kc=kc, vc=vc, slots=slots):
+                store_kv(k, v, kc, vc, slots)
+                kr, vr = torch.zeros_like(kc), torch.zeros_like(vc)
+                ref.store_kv(k, v, kr, vr, slots)
+                return max(_err(kc, kr), _err(vc, vr))
+
+            cases.append(Case(
+                "store_kv", f"{n} tokens", lambda k=k, v=v, kc=kc, vc=vc, s=slots: store_kv(k, v, kc, vc, s),
+                lambda k=k, v=v, kc=kc, vc=vc, s=slots: ref.store_kv(k, v, kc, vc, s), 4 * k.numel() * elt,
+                check=check,
+            ))  # fmt: skip
+        x = _randn(n, HIDDEN, dtype=dtype, device=device)
+        w = _randn(HIDDEN, dtype=dtype, device=device)
+        if "rms_norm" in only:
+            cases.append(Case(
+                "rms_norm", f"{n}x{HIDDEN}", lambda x=x, w=w: rms_norm(x, w, 1e-6),
+                lambda x=x, w=w: ref.rms_norm(x, w, 1e-6), 2 * x.numel() * elt,
+                check=lambda x=x, w=w: _err(rms_norm(x, w, 1e-6), ref.rms_norm(x, w, 1e-6)),
+            ))  # fmt: skip
+        if "fused_add_rms_norm" in only:
+            res = _randn(n, HIDDEN, dtype=dtype, device=device)
+            xs, rs = x.clone(), res.clone()
+
+            def check(x=x, res=res, w=w):
+                a, _ = fused_add_rms_norm(x.clone(), res.clone(), w, 1e-6)
+                return _err(a, ref.fused_add_rms_norm(x, res, w, 1e-6)[0])
+
+            cases.append(Case(
+                "fused_add_rms_norm", f"{n}x{HIDDEN} in place",
+                lambda xs=xs, rs=rs, w=w: fused_add_rms_norm(xs, rs, w, 1e-6),
+                lambda x=x, res=res, w=w: ref.fused_add_rms_norm(x, res, w, 1e-6), 4 * x.numel() * elt,
+                check=check,
+            ))  # fmt: skip
+        if "rope" in only:
+            qkv = _randn(n, NUM_HEADS + 2 * NUM_KV_HEADS, HEAD_DIM, dtype=dtype, device=device)
+            q, k = qkv[:, :NUM_HEADS], qkv[:, NUM_HEADS : NUM_HEADS + NUM_KV_HEADS]
+            inv_freq = 1.0 / (1_000_000 ** (torch.arange(0, HEAD_DIM, 2, device=device).float() / HEAD_DIM))
+            cos_sin = ref.rope_cos_sin(inv_freq, 8192)
+            pos = torch.randint(0, 8192, (n,), device=device)
+
+            def check(q=q, k=k, pos=pos, cos_sin=cos_sin):
+                eq, ek = ref.apply_rope(q, k, pos, cos_sin)
+                gq, gk = apply_rope(q.clone(), k.clone(), pos, cos_sin)
+                return max(_err(gq, eq), _err(gk, ek))
+
+            cases.append(Case(
+                "rope", f"{n} tokens, qkv view", lambda q=q, k=k, p=pos, cs=cos_sin: apply_rope(q, k, p, cs),
+                lambda q=q, k=k, p=pos, cs=cos_sin: ref.apply_rope(q, k, p, cs),
+                2 * n * (NUM_HEADS + NUM_KV_HEADS) * HEAD_DIM * elt + n * HEAD_DIM * 4, check=check,
+            ))  # fmt: skip
+        if "silu_and_mul" in only:
+            gu = _randn(n, 2 * INTERMEDIATE, dtype=dtype, device=device)
+            cases.append(Case(
+                "silu_and_mul", f"{n}x{2 * INTERMEDIATE}", lambda gu=gu: silu_and_mul(gu),
+                lambda gu=gu: ref.silu_and_mul(gu), 3 * n * INTERMEDIATE * elt,
+                check=lambda gu=gu: _err(silu_and_mul(gu), ref.silu_and_mul(gu)),
+            ))  # fmt: skip
+
+    if "bitmask" in only:
+        for b in [2] if tiny else [1, 32, 256]:
+            vocab = 1000 if tiny else VOCAB
+            logits = _randn(b, vocab, dtype=torch.float32, device=device)
+            words = (vocab + 31) // 32
+            mask = torch.randint(-(2**31), 2**31 - 1, (b, words), dtype=torch.int32, device=device)
+
+            def check(logits=logits, mask=mask):
+                a, r = logits.clone(), logits.clone()
+                apply_token_bitmask_(a, mask)
+                ref.apply_token_bitmask_(r, mask)
+                return 0.0 if torch.equal(a, r) else float("inf")
+
+            cases.append(Case(
+                "bitmask", f"{b}x{vocab} fp32", lambda lg=logits, m=mask: apply_token_bitmask_(lg, m),
+                lambda lg=logits, m=mask: ref.apply_token_bitmask_(lg, m),
+                b * vocab * 4 // 2 + mask.numel() * 4, check=check,
+            ))  # fmt: skip
+    return cases
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m kernels.bench",
+        description="Micro-benchmarks of the Triton kernels vs their torch references (Qwen3-0.6B shapes: "
+        f"{NUM_HEADS} q heads, {NUM_KV_HEADS} kv heads, head_dim {HEAD_DIM}, hidden {HIDDEN}; cache block "
+        f"size {BLOCK_SIZE}). Decode: batch 1 and 32 at context 512-4096; prefill: 32x128 new tokens, "
+        "32x128 after a 896-token cached prefix, 1x4096.",
+    )
+    parser.add_argument("--only", default=",".join(KERNELS), help=f"comma list from: {','.join(KERNELS)}")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--reps", type=int, default=50, help="timed calls per measurement (median)")
+    parser.add_argument("--no-ref", action="store_true", help="skip timing the torch references")
+    parser.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph replay timing")
+    parser.add_argument("--no-check", action="store_true", help="skip the error check vs the fp32 reference")
+    parser.add_argument("--flush-l2", action="store_true", help="write 256 MiB before each timed call")
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes (smoke test; allowed on the CPU)")
+    args = parser.parse_args(argv)
+
+    only = {k.strip() for k in args.only.split(",") if k.strip()}
+    unknown = only - set(KERNELS)
+    if unknown:
+        parser.error(f"unknown kernels: {sorted(unknown)}")
+    if torch.cuda.is_available():
+        device = torch.device("cuda")
+        torch.backends.cuda.matmul.allow_tf32 = False
+    elif args.tiny:
+        device = torch.device("cpu")
+        args.reps = min(args.reps, 3)
+        if args.dtype == "bf16":  # bf16 is silently wrong in Triton's interpreter
+            args.dtype = "fp32"
+    else:
+        parser.error("needs a CUDA device (or --tiny to smoke-test on the CPU through Triton's interpreter)")
+
+    torch.manual_seed(0)
+    timer = Timer(device, args.reps, args.flush_l2)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (triton interpreter)"
+    import triton
+
+    print(f"# {name}  torch {torch.__version__}  triton {triton.__version__}  dtype {args.dtype}  "
+          f"reps {args.reps}  flush_l2 {args.flush_l2}")  # fmt: skip
+    header = f"{'kernel':<19} {'shape':<22} {'triton us':>10} {'graph us':>9} {'torch us':>10} "
+    header += f"{'speedup':>8} {'GB/s':>8} {'TFLOP/s':>8} {'err':>9}"
+    print(header)
+    for case in build_cases(DTYPES[args.dtype], device, args.tiny, only):
+        t_tri = timer.eager(case.run)
+        t_graph = None if args.no_graph else timer.graph(case.run)
+        t_ref = None if args.no_ref or case.ref is None else timer.eager(case.ref)
+        best = min(t for t in (t_tri, t_graph) if t is not None)
+        err = None if args.no_check or case.check is None else case.check()
+        fmt = lambda t: "-" if t is None else f"{t * 1e6:.1f}"
+        speed = "-" if t_ref is None else f"{t_ref / t_tri:.2f}x"
+        tflops = f"{case.flops / best / 1e12:.1f}" if case.flops else "-"
+        err_s = "-" if err is None else f"{err:.2e}"
+        print(
+            f"{case.kernel:<19} {case.shape:<22} {fmt(t_tri):>10} {fmt(t_graph):>9} {fmt(t_ref):>10} "
+            f"{speed:>8} {case.bytes / best / 1e9:>8.1f} {tflops:>8} {err_s:>9}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
