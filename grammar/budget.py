@@ -1,0 +1,221 @@
+"""Token budget: calls complete within max_tokens.
+
+The grammar is a regex, so its language has a byte-level DFA (outlines_core builds it over a
+vocabulary of the 256 single bytes). On that DFA we precompute, per state s:
+
+- D[s]: tokens needed to finish from s, EOS included: a shortest path whose edges are real tokens,
+  the 256 byte tokens plus the multi-byte tokens ("helpers") that spell the grammar's literals (keys,
+  names, enum values, punctuation). Exact over those edges; an upper bound over the full vocabulary.
+- J[c][s]: the largest D reachable from s by any byte string of length 1..LENGTHS[c]. Any token of at
+  most that many bytes lands in a state whose D is at most J[c][s], without looking at the token.
+
+A request with r tokens left (the one being chosen included) may take token x only if
+D[s·x] <= r - 1. Invariant D[s] <= r (checked up front: max_tokens >= D[start], else ValueError).
+Per step: if every token is safe (r - 1 >= the largest D there is) nothing is masked; else allowed =
+(tokens of at most LENGTHS[c] bytes, c the longest class with J[c][s] <= r - 1) | (helpers whose exact
+next state has D <= r - 1) | EOS. Helpers on a shortest path always qualify, so the mask is never
+empty; when r == D[s] only shortest-path tokens remain: the call closes exactly at the limit.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+from outlines_core import Index, Vocabulary
+
+from grammar.vocab import TokenVocab, bools_to_bitmask
+
+LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16)  # token byte-length classes
+END = 1  # the byte standing for EOS in the budget DFA (regex + END): only the END state is final
+INF = np.int32(1 << 20)
+_PUNCT = set(b'{}[]",: \n0123456789-.')
+_LITERAL_EXTRAS = ['", "', '": "', '": ', '"}', '"}}', "}}", '"]', "]}", "[]", "{}", "true", "false", "null"]
+
+
+class _VocabTables:
+    """Per-vocabulary tables every automaton shares (built once)."""
+
+    def __init__(self, vocab: TokenVocab):
+        lens = vocab.byte_lengths
+        w = vocab.mask_words
+        self.class_masks = torch.zeros(len(LENGTHS), w, dtype=torch.int32)  # (classes, words)
+        for c, k in enumerate(LENGTHS):
+            bits = np.zeros(w * 32, dtype=bool)
+            bits[: vocab.n_tokens] = (lens >= 1) & (lens <= k)
+            bits[vocab.eos_id] = True
+            self.class_masks[c] = bools_to_bitmask(bits)
+        # the byte-level token of each byte value (the tag tokens carry \x02 and \x03, EOS is END)
+        self.byte_token = np.full(256, -1, dtype=np.int64)
+        self.byte_token[END] = vocab.eos_id
+        self.by_bytes: dict[bytes, int] = {}
+        for tid, b in enumerate(vocab.token_bytes):
+            if len(b) == 1 and b[0] != END and (self.byte_token[b[0]] < 0 or tid in vocab.special_ids):
+                self.byte_token[b[0]] = tid
+            if len(b) >= 2 and b not in self.by_bytes:
+                self.by_bytes[b] = tid
+        punct = [tid for b, tid in self.by_bytes.items() if len(b) <= 8 and all(x in _PUNCT for x in b)]
+        self.punct_ids = np.array(sorted(punct), dtype=np.int64)
+
+
+_tables: dict[int, tuple[TokenVocab, _VocabTables]] = {}
+_tables_lock = threading.Lock()
+
+
+def vocab_tables(vocab: TokenVocab) -> _VocabTables:
+    with _tables_lock:
+        hit = _tables.get(id(vocab))
+        if hit is None or hit[0] is not vocab:
+            hit = (vocab, _VocabTables(vocab))
+            _tables[id(vocab)] = hit
+        return hit[1]
+
+
+def _byte_dfa(regex: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """(T (n+1, 256) int32 next state, dead = n; final (n+1,) bool; start) of regex + END.
+
+    outlines_core's Index drops transitions from an accepting state into a non-accepting one (text
+    that could end but goes on into a call); ending every word with END keeps accepting states last.
+    """
+    index = Index(f"(?:{regex})\\x{END:02x}", Vocabulary(256, {bytes([b]): [b] for b in range(256)}))
+    trans = index.get_transitions()
+    states = sorted(set(trans) | {index.get_initial_state()} | set(index.get_final_states()))
+    ids = {s: i for i, s in enumerate(states)}
+    n = len(states)
+    table = np.full((n + 1, 256), n, dtype=np.int32)
+    for s, out in trans.items():
+        row = table[ids[s]]
+        for b, nxt in out.items():
+            if b < 256:
+                row[b] = ids[nxt]
+    final = np.zeros(n + 1, dtype=bool)
+    final[[ids[s] for s in index.get_final_states()]] = True
+    return table, final, ids[index.get_initial_state()]
+
+
+class BudgetAutomaton:
+    """Compiled budget tables of one grammar (immutable, cached with it)."""
+
+    def __init__(self, regex: str, vocab: TokenVocab):
+        tables = vocab_tables(vocab)
+        self.vocab = vocab
+        self.tables = tables
+        table, final, self.start = _byte_dfa(regex)
+        n = table.shape[0] - 1
+        self.n_states = n
+        self.trans = table.tolist()  # python lists: per-token walks are a few list lookups
+        # helpers: multi-byte tokens that spell pieces of the grammar's literals
+        corpus = regex.replace("\\", "").encode() + "|".join(_LITERAL_EXTRAS).encode()
+        subs = {corpus[i : i + k] for k in range(2, 17) for i in range(len(corpus) - k + 1)}
+        helper = {tables.by_bytes[s] for s in subs if s in tables.by_bytes}
+        helper.update(tables.punct_ids.tolist())
+        bytes_ids = tables.byte_token[tables.byte_token >= 0]
+        self.helper_ids = np.array(sorted(set(bytes_ids.tolist()) | helper), dtype=np.int64)  # (H,)
+        # (n+1, H) next state per helper token, walked over all states at once
+        by_byte = np.ascontiguousarray(table.T)  # (256, n+1)
+        edges = np.empty((len(self.helper_ids), n + 1), dtype=np.int32)
+        all_states = np.arange(n + 1, dtype=np.int32)
+        for j, tid in enumerate(self.helper_ids.tolist()):
+            cur = all_states
+            for b in self.token_bytes(tid):
+                cur = by_byte[b][cur]
+            edges[j] = cur
+        self.edges = np.ascontiguousarray(edges.T)  # (n+1, H)
+        # D by value iteration over unit-cost edges: D[final] = 0 (EOS taken), dead = INF
+        dist = np.full(n + 1, INF, dtype=np.int32)
+        dist[final] = 0
+        while True:
+            cand = np.minimum(dist, dist[edges].min(axis=0) + 1)
+            cand[n] = INF
+            cand[final] = 0
+            if np.array_equal(cand, dist):
+                break
+            dist = cand
+        self.dist = dist
+        if dist[self.start] >= INF:
+            raise ValueError("the grammar accepts no output")
+        # J: worst D after 1..k bytes; states that cannot finish count as dead (the backends,
+        # exact on their grammar, never enter them)
+        live = dist < INF
+        worst_next = np.where(live, dist, -1).astype(np.int32)  # (n+1,)
+        jk = np.full(n + 1, -1, dtype=np.int32)
+        js = []
+        k = 0
+        for target in LENGTHS:
+            while k < target:
+                # J_k[s] = max over bytes b of max(D[s·b], J_{k-1}[s·b])
+                jk = np.maximum(worst_next[table], jk[table]).max(axis=1)
+                k += 1
+            js.append(jk.copy())
+        self.worst = np.stack(js)  # (classes, n+1)
+        self.max_dist = int(dist[live].max())  # bounds D after any token, however long
+        self.min_tokens = int(dist[self.start])
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if token_id == self.vocab.eos_id:
+            return bytes([END])
+        if token_id < self.vocab.n_tokens:
+            return self.vocab.token_bytes[token_id]
+        return b"\x00"  # never allowed: dead
+
+    def cursor(self) -> BudgetCursor:
+        return BudgetCursor(self)
+
+
+class BudgetCursor:
+    """Per-request position in the byte DFA, kept in step with the backend's matcher."""
+
+    __slots__ = ("auto", "state", "history", "_rows")
+
+    def __init__(self, auto: BudgetAutomaton):
+        self.auto = auto
+        self.state = auto.start
+        self.history: list[int] = []
+
+    def advance(self, token_id: int) -> None:
+        self.history.append(self.state)
+        table = self.auto.trans
+        s = self.state
+        for b in self.auto.token_bytes(token_id):
+            s = table[s][b]
+        self.state = s
+
+    def rollback(self, n: int) -> None:
+        for _ in range(n):
+            self.state = self.history.pop()
+
+    @property
+    def dist(self) -> int:
+        return int(self.auto.dist[self.state])
+
+    def restrict(self, bitmask_row: torch.Tensor, remaining: int) -> bool:
+        """AND the budget mask into one bitmask row (mask_words,) int32; False if unrestricted."""
+        auto = self.auto
+        slack = remaining - 1  # D allowed after this token
+        if slack >= auto.max_dist:
+            return False
+        s = self.state
+        words = bitmask_row.shape[0]
+        worst = auto.worst[:, s]
+        fits = np.nonzero(worst <= slack)[0]
+        if len(fits):
+            allowed = auto.tables.class_masks[int(fits[-1]), :words].clone()
+        else:
+            allowed = torch.zeros(words, dtype=torch.int32)
+            eos = auto.vocab.eos_id
+            allowed[eos // 32] = _bit(eos % 32)
+        nxt = auto.edges[s]
+        ok = auto.helper_ids[auto.dist[nxt] <= slack]
+        if len(ok):
+            extra = np.zeros(words, dtype=np.uint32)
+            np.bitwise_or.at(extra, ok // 32, (np.uint32(1) << (ok % 32).astype(np.uint32)))
+            allowed |= torch.from_numpy(extra.view(np.int32))
+        bitmask_row &= allowed
+        return True
+
+
+def _bit(j: int) -> int:
+    # bit j of an int32 word, as a signed value (bit 31 is the sign)
+    v = 1 << j
+    return v - (1 << 32) if v >= 1 << 31 else v

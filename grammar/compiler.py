@@ -1,0 +1,69 @@
+"""Grammar compilation off the caller's thread, cached by (grammar, backend).
+
+The key is the regex itself (hashed): it is a pure function of (tool set or schema, mode), so equal
+requests share one compile, even while it is still running (the cache holds futures).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from grammar.backend import DEFAULT_BACKEND, get_backend
+from grammar.budget import BudgetAutomaton
+from grammar.constraint import GrammarConstraintFactory
+from grammar.tools import GrammarSpec
+from grammar.vocab import TokenVocab
+
+
+class GrammarCompiler:
+    def __init__(self, vocab: TokenVocab, backend: str = DEFAULT_BACKEND, max_workers: int = 2,
+                 max_entries: int = 512):
+        self.vocab = vocab
+        self.backend = get_backend(backend, vocab)
+        self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grammar-compile")
+        self.max_entries = max_entries
+        self._cache: OrderedDict[str, tuple[Future, Future]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.compile_seconds: dict[str, float] = {}  # key -> backend + budget compile time (stats)
+
+    def _timed(self, key: str, part: str, fn, *args):
+        t0 = time.perf_counter()
+        out = fn(*args)
+        self.compile_seconds[f"{key}:{part}"] = time.perf_counter() - t0
+        return out
+
+    def submit(self, spec: GrammarSpec) -> GrammarConstraintFactory:
+        key = spec.key
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is None:
+                run = self.pool.submit
+                budget = run(self._timed, key, "budget", BudgetAutomaton, spec.budget_regex, self.vocab)
+                grammar = run(self._timed, key, self.backend.name, self.backend.compile, spec.regex)
+                hit = (budget, grammar)
+                self._cache[key] = hit
+                while len(self._cache) > self.max_entries:
+                    self._cache.popitem(last=False)
+            else:
+                self._cache.move_to_end(key)
+        return GrammarConstraintFactory(hit[0], hit[1], self.vocab, spec.mode)
+
+
+_compilers: dict[tuple[int, str], tuple[TokenVocab, GrammarCompiler]] = {}
+_lock = threading.Lock()
+
+
+def compiler_for(vocab: TokenVocab, backend: str | None = None) -> GrammarCompiler:
+    """The process-wide compiler of a vocabulary and backend (CHATLOOM_GRAMMAR_BACKEND or the default)."""
+    backend = backend or os.environ.get("CHATLOOM_GRAMMAR_BACKEND") or DEFAULT_BACKEND
+    key = (id(vocab), backend)
+    with _lock:
+        hit = _compilers.get(key)
+        if hit is None or hit[0] is not vocab:
+            hit = (vocab, GrammarCompiler(vocab, backend))
+            _compilers[key] = hit
+        return hit[1]

@@ -1,0 +1,83 @@
+"""llguidance: regex grammars through its lazy lexer; masks in Rust over the token trie."""
+
+from __future__ import annotations
+
+import llguidance
+import torch
+
+from grammar.vocab import FORBIDDEN, RESERVED, TAG_CLOSE, TAG_OPEN, TokenVocab
+
+
+class _TokenTable:
+    # what llguidance.TokenizerWrapper reads: token bytes, eos, an encoder
+    def __init__(self, vocab: TokenVocab):
+        # a 0xff prefix marks a special token, which no regex grammar ever allows
+        tokens = [b"\xff[forbidden]" if b == FORBIDDEN else b for b in vocab.token_bytes]
+        tokens[vocab.eos_id] = b"\xff<|im_end|>"
+        tokens += [b"\xff[pad]"] * (vocab.vocab_size - len(tokens))  # embedding rows past the tokenizer
+        self.tokens = tokens
+        self.eos_token_id = vocab.eos_id
+        self.bos_token_id = None
+        self.special_token_ids = [i for i, b in enumerate(tokens) if b.startswith(b"\xff")]
+        self._encode = vocab.encode
+        self._tags = {tag[0]: vocab.token_bytes.index(tag) for tag in (TAG_OPEN, TAG_CLOSE)}
+
+    def __call__(self, text: bytes | str) -> list[int]:
+        # llguidance learns which token spells each byte from this: the tag bytes must map to the tag
+        # tokens, not to the real (forbidden) control-byte tokens
+        if isinstance(text, str):
+            text = text.encode()
+        out: list[int] = []
+        piece = bytearray()
+        for b in text:
+            if b in (TAG_OPEN[0], TAG_CLOSE[0]):
+                out += self._encode(piece.decode("utf-8", errors="replace")) if piece else []
+                piece.clear()
+                out.append(self._tags[b])
+            elif b not in RESERVED:
+                piece.append(b)
+        out += self._encode(piece.decode("utf-8", errors="replace")) if piece else []
+        return out
+
+
+class LLGuidanceMatcher:
+    __slots__ = ("m",)
+
+    def __init__(self, m: llguidance.LLMatcher):
+        self.m = m
+
+    def accept_token(self, token_id: int) -> bool:
+        return self.m.consume_token(token_id)
+
+    def fill_mask(self, row: torch.Tensor) -> None:
+        self.m.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
+
+    def rollback(self, num_tokens: int) -> None:
+        self.m.rollback(num_tokens)
+
+    def is_finished(self) -> bool:
+        return self.m.is_stopped()
+
+
+class LLGuidanceGrammar:
+    def __init__(self, prototype: llguidance.LLMatcher):
+        self.prototype = prototype  # never advanced; each request gets a deep copy
+
+    def matcher(self) -> LLGuidanceMatcher:
+        return LLGuidanceMatcher(self.prototype.deep_copy())
+
+
+class LLGuidanceBackend:
+    name = "llguidance"
+
+    def __init__(self, vocab: TokenVocab):
+        self.vocab = vocab
+        wrapper = llguidance.TokenizerWrapper(_TokenTable(vocab))
+        self.tokenizer = llguidance.LLTokenizer(wrapper, n_vocab=vocab.vocab_size)
+
+    def compile(self, regex: str) -> LLGuidanceGrammar:
+        grammar = llguidance.LLMatcher.grammar_from_regex(regex)
+        m = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+        if m.is_error():
+            raise ValueError(f"llguidance cannot compile the grammar: {m.get_error()}")
+        return LLGuidanceGrammar(m)
