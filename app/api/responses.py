@@ -19,23 +19,6 @@ router = APIRouter(dependencies=[ApiKey], tags=["responses"])
 log = logging.getLogger("chatloom.responses")
 
 
-class _SamplingView:
-    """The sampling fields of a Responses request under the chat names sampling_fields reads."""
-
-    def __init__(self, req: ResponsesRequest) -> None:
-        self.n = 1
-        self.temperature = req.temperature
-        self.top_p = req.top_p
-        self.seed = None
-        self.stop = None
-        self.frequency_penalty = None
-        self.presence_penalty = None
-        self.logit_bias = None
-        self.top_k = None
-        self.min_p = None
-        self.repetition_penalty = None
-
-
 async def _prepare(serving: Serving, body: ResponsesRequest) -> Prepared:
     model = serving.model_name(body.model)
     return await serving.prepare(
@@ -45,7 +28,7 @@ async def _prepare(serving: Serving, body: ResponsesRequest) -> Prepared:
         parallel_tool_calls=body.parallel_tool_calls is not False,
         response_format=convert.response_format(body),
         max_tokens=body.max_output_tokens,
-        fields=sampling_fields(_SamplingView(body), serving.vocab_size),
+        fields=sampling_fields(body, serving.vocab_size),
         top_logprobs=None,
         model=model,
         request_id=new_id("resp"),
@@ -65,7 +48,7 @@ async def create_response(body: ResponsesRequest, request: Request, serving: Ser
     if not body.stream:
         choices, run = await serving.collect(prep, request)
         choice = choices[0]
-        builder.feed([*_content_events(choice.content), *_call_events(choice.calls)])
+        builder.feed(choice.events)
         status = "incomplete" if choice.engine_reason == "length" else "completed"
         usage = builder.usage(run.prompt_tokens, run.completion_tokens, run.cached_tokens)
         builder.finish(status, usage)
@@ -97,21 +80,3 @@ async def create_response(body: ResponsesRequest, request: Request, serving: Ser
             await run.close()
 
     return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS)
-
-
-def _content_events(parts: list[str]):
-    from app.chat.tool_parser import Content
-
-    text = "".join(parts)
-    return [Content(text)] if text else []
-
-
-def _call_events(calls: list[dict]):
-    from app.chat.tool_parser import CallArgs, CallStart
-
-    out = []
-    for i, call in enumerate(calls):
-        out.append(CallStart(i, call["id"], call["function"]["name"]))
-        if call["function"]["arguments"]:
-            out.append(CallArgs(i, call["function"]["arguments"]))
-    return out

@@ -59,28 +59,31 @@ def logit_bias_ids(bias: dict[str, float] | None, vocab_size: int) -> dict[int, 
 
 
 def sampling_fields(req: Any, vocab_size: int) -> dict[str, Any]:
-    """SamplingParams fields common to chat and completions requests."""
-    temperature = 1.0 if req.temperature is None else req.temperature
-    top_p = 1.0 if req.top_p is None else req.top_p
+    """SamplingParams fields from a chat, completions or Responses request (absent fields: defaults)."""
+
+    def get(name: str) -> Any:
+        return getattr(req, name, None)
+
+    temperature = 1.0 if get("temperature") is None else get("temperature")
+    top_p = 1.0 if get("top_p") is None else get("top_p")
     if top_p == 0.0:  # only the most likely token survives: greedy
         temperature, top_p = 0.0, 1.0
-    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    stop = get("stop")
     fields: dict[str, Any] = dict(
-        n=req.n,
+        n=get("n") or 1,
         temperature=temperature,
         top_p=top_p,
-        seed=req.seed,
-        stop=stop,
-        frequency_penalty=req.frequency_penalty or 0.0,
-        presence_penalty=req.presence_penalty or 0.0,
-        logit_bias=logit_bias_ids(req.logit_bias, vocab_size),
+        seed=get("seed"),
+        stop=[stop] if isinstance(stop, str) else list(stop or []),
+        frequency_penalty=get("frequency_penalty") or 0.0,
+        presence_penalty=get("presence_penalty") or 0.0,
+        logit_bias=logit_bias_ids(get("logit_bias"), vocab_size),
     )
-    if req.top_k is not None and req.top_k != 0:
-        fields["top_k"] = req.top_k
-    if req.min_p is not None:
-        fields["min_p"] = req.min_p
-    if req.repetition_penalty is not None:
-        fields["repetition_penalty"] = req.repetition_penalty
+    if get("top_k") is not None and get("top_k") != 0:
+        fields["top_k"] = get("top_k")
+    for name in ("min_p", "repetition_penalty"):
+        if get(name) is not None:
+            fields[name] = get(name)
     return fields
 
 

@@ -75,8 +75,10 @@ class Choice:
     tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
     stop_reason: str | int | None = None
+    events: list[Event] = field(default_factory=list)  # in generation order (Responses output items)
 
     def add(self, events: list[Event]) -> None:
+        self.events += events
         for ev in events:
             if isinstance(ev, Content):
                 self.content.append(ev.text)

@@ -414,3 +414,10 @@ def test_responses_text_format_and_tool_choice_reach_grammar(fake_server, script
     assert r.status_code == 200
     assert grammar_stub[-1]["tool_choice"] == {"type": "function", "function": {"name": "Calculator"}}
     assert r.json()["tool_choice"] == choice
+
+
+def test_responses_non_streaming_keeps_generation_order(client, script):
+    script('<tool_call>\n{"name": "Calculator", "arguments": {"input": "2"}}\n</tool_call>\nThen text.')
+    resp = client.responses.create(model="m", input="x", tools=RESP_TOOLS)
+    assert [o.type for o in resp.output] == ["function_call", "message"]
+    assert resp.output[1].content[0].text == "Then text."
