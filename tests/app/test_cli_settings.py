@@ -85,3 +85,26 @@ def test_cors_for_configured_origins(fake_engine, tmp_path):
             headers={"Origin": "http://n8n.test", "Access-Control-Request-Method": "POST"},
         )
         assert r.headers["access-control-allow-origin"] == "http://n8n.test"
+
+
+def test_chat_command_talks_to_the_engine(tiny_qwen3):
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "chat",
+            "--model",
+            str(tiny_qwen3),
+            "--device",
+            "cpu",
+            "--max-tokens",
+            "3",
+        ],
+        input="hello\n/reset\nagain\n\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("assistant> ") == 2
