@@ -22,6 +22,7 @@ from app.agent import replay
 from app.agent.webhooks import ToolResult, call_webhook
 from app.chat.constraints import build_constraint
 from app.chat.tool_parser import CallArgs, CallStart, Content, ParsedCall, ToolCallParser
+from app.errors import APIError
 from app.memory import repository as repo
 from app.memory.db import Database
 from engine.sampling_params import SamplingParams
@@ -114,11 +115,46 @@ def _apply(events: list, content: list[str], calls: list[ParsedCall]) -> list[st
     return shown
 
 
-def _message_dict(m) -> dict:
-    d = m.to_openai()
-    if m.role == "assistant" and m.token_ids:
-        d["token_ids"] = m.token_ids
-    return d
+@dataclass
+class _Round:
+    """What one model call produced (filled while its text streams)."""
+
+    content: list[str] = field(default_factory=list)
+    calls: list[ParsedCall] = field(default_factory=list)
+    token_ids: list[int] | None = field(default_factory=list)  # stop token excluded; None: don't replay
+
+
+async def _generate(
+    engine, prompt_ids: list[int], params: SamplingParams, session_id: str, parse_calls: bool,
+    stops: set[int], result: _Round,
+) -> AsyncIterator[str]:
+    """Run one model call; yields the visible text pieces and fills `result`."""
+    request_id = f"turn-{uuid.uuid4().hex}"
+    # the API's streaming parser: Content events are what the user sees, call markup never is
+    parser = ToolCallParser(enabled=parse_calls)
+    ids: list[int] = []
+    stop_reason = None
+    finished = False
+    try:
+        stream = engine.generate(prompt_ids, params, request_id=request_id, retention_key=session_id)
+        async for out in stream:
+            ids.extend(out.new_token_ids)
+            stop_reason = out.stop_reason if out.finish_reason else stop_reason
+            for piece in _apply(parser.feed(out.text_delta), result.content, result.calls):
+                yield piece
+        finished = True
+    except ValueError as exc:  # the engine refused the request (too long, bad parameters)
+        finished = True
+        raise APIError(f"The model could not run this turn: {exc}") from exc
+    finally:
+        if not finished:  # the client went away mid-generation
+            await engine.abort(request_id)
+    for piece in _apply(parser.finish(), result.content, result.calls):
+        yield piece
+    while ids and ids[-1] in stops:
+        ids.pop()
+    # a stop string is cut from the text, not from the ids: such a reply is replayed as text
+    result.token_ids = None if isinstance(stop_reason, str) else ids
 
 
 async def _run_tool(deps: TurnDeps, spec: AssistantSpec, call: ParsedCall) -> ToolResult:
@@ -154,7 +190,7 @@ async def _run_turn_locked(
         await repo.ensure_session(s, session_id, spec.id)
         await repo.add_message(s, db.history, session_id, "user", user_text)
     async with db.session() as s:
-        history = [_message_dict(m) for m in await repo.get_messages(s, db.history, session_id)]
+        history = [m.to_replay() for m in await repo.get_messages(s, db.history, session_id)]
 
     sampling = {k: v for k, v in spec.sampling.items() if k in _SAMPLING_KEYS}
     sampling.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
@@ -187,38 +223,21 @@ async def _run_turn_locked(
         # tokens are never detokenized, so nothing else special shows up in the text
         params = SamplingParams(**sampling, constraint=constraint, skip_special_tokens=False)
 
-        request_id = f"turn-{uuid.uuid4().hex}"
-        # the API's streaming parser: Content events are what the user sees, call markup never is
-        parser = ToolCallParser(enabled=bool(tools) and choice != "none")
-        content: list[str] = []
-        calls: list[ParsedCall] = []
-        token_ids: list[int] = []
-        finished = False
-        try:
-            stream = engine.generate(prompt_ids, params, request_id=request_id, retention_key=session_id)
-            async for out in stream:
-                token_ids.extend(out.new_token_ids)
-                for piece in _apply(parser.feed(out.text_delta), content, calls):
-                    yield piece
-            finished = True
-        finally:
-            if not finished:  # the client went away mid-generation
-                await engine.abort(request_id)
-        for piece in _apply(parser.finish(), content, calls):
+        made = _Round()
+        parse_calls = bool(tools) and choice != "none"
+        async for piece in _generate(engine, prompt_ids, params, session_id, parse_calls, stops, made):
             yield piece
-        while token_ids and token_ids[-1] in stops:
-            token_ids.pop()
 
-        text = "".join(content)
+        text, calls = "".join(made.content), made.calls
         openai_calls = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
             for c in calls
         ] or None
         async with db.session() as s:
             await repo.add_message(s, db.history, session_id, "assistant", text,
-                                   tool_calls=openai_calls, token_ids=token_ids)
+                                   tool_calls=openai_calls, token_ids=made.token_ids)
         history.append({"role": "assistant", "content": text, "tool_calls": openai_calls,
-                         "token_ids": token_ids})
+                         "token_ids": made.token_ids})
         if not calls:
             return
 

@@ -54,7 +54,7 @@ async def load_and_append(
     rest = [m for m in messages if m.get("role") not in ("system", "developer")]
     async with db.session() as s:
         await repo.ensure_session(s, session_id, assistant_id)
-        stored = [_as_dict(m) for m in await repo.get_messages(s, db.history, session_id)]
+        stored = [m.to_replay() for m in await repo.get_messages(s, db.history, session_id)]
         fresh = rest[_overlap(stored, rest) :] if stored else rest
         for m in fresh:
             await repo.add_message(
@@ -81,9 +81,3 @@ async def record_reply(
         await repo.add_message(s, db.history, session_id, "assistant", content,
                                tool_calls=tool_calls or None, token_ids=token_ids or None)
 
-
-def _as_dict(m) -> dict[str, Any]:
-    d = m.to_openai()
-    if m.role == "assistant" and m.token_ids:
-        d["token_ids"] = m.token_ids
-    return d

@@ -82,3 +82,10 @@ class Message(Base):
             if self.name:
                 out["name"] = self.name
         return out
+
+    def to_replay(self) -> dict[str, Any]:
+        """to_openai() plus the generated ids of assistant messages (app.agent.replay splices them)."""
+        out = self.to_openai()
+        if self.role == "assistant" and self.token_ids:
+            out["token_ids"] = self.token_ids
+        return out

@@ -14,7 +14,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-JSONType = sa.JSON().with_variant(JSONB(), "postgresql")
+# none_as_null: Python None is SQL NULL, not the JSON value null
+JSONType = sa.JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
 _n8n_metadata = sa.MetaData()
 
 

@@ -92,6 +92,9 @@ class FakeEngine:
     async def generate(self, prompt, params, request_id: str, retention_key: str | None = None):
         self.calls.append(Call(list(prompt), params, retention_key))
         reply = self.replies.popleft() if self.replies else f"Reply number {len(self.calls)}."
+        stop_reason = None
+        if isinstance(reply, tuple):  # (text, the stop string that ended it)
+            reply, stop_reason = reply
         ids = reply if isinstance(reply, list) else self.tokenizer.encode(reply, add_special_tokens=False)
         done: list[int] = []
         skip = params.skip_special_tokens
@@ -101,7 +104,8 @@ class FakeEngine:
             delta = self.tokenizer.decode(done, skip_special_tokens=skip)[len(before):]
             await asyncio.sleep(0)
             yield StepOutput(request_id, 0, [tid], delta)
-        yield StepOutput(request_id, 0, [self.tokenizer.eos_token_id], "", finish_reason="stop")
+        last = [] if stop_reason else [self.tokenizer.eos_token_id]
+        yield StepOutput(request_id, 0, last, "", finish_reason="stop", stop_reason=stop_reason)
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)

@@ -5,6 +5,7 @@ real engine a second turn is served from the prefix cache."""
 from __future__ import annotations
 
 import pytest
+import sqlalchemy as sa
 
 from app.agent import replay
 from tests.memory.conftest import make_settings, running_app
@@ -185,3 +186,19 @@ def test_token_window_cut_is_stable_while_the_conversation_grows(chat_tokenizer)
     moves = sum(a != b for a, b in zip(starts, starts[1:], strict=False))
     grown = sum(s > 0 for s in starts)
     assert 0 < moves <= grown // 2  # most turns keep the previous cut, so their prompt extends the last
+
+
+async def test_reply_cut_by_a_stop_string_is_replayed_as_text(fake_engine, tmp_path):
+    fake_engine.say(("Cut here", "END"), "next")
+    async with running_app(make_settings(f"sqlite:///{tmp_path}/s.db"), fake_engine) as client:
+        await client.post("/v1/assistants", json={"id": "st", "name": "st", "sampling": {"stop": ["END"]}})
+        for text in ("one", "two"):
+            await client.post("/webhook/st/chat", json={"sessionId": "stop", "chatInput": text})
+        async with client.app.state.db.session() as s:
+            q = sa.text("SELECT token_ids FROM messages WHERE role = 'assistant' ORDER BY id")
+            stored = [r[0] for r in await s.execute(q)]
+    assert stored[0] is None and stored[1] is not None
+    tok = fake_engine.tokenizer
+    assert fake_engine.calls[0].params.stop == ["END"]
+    # the ids were not stored (they would replay text the user never saw): the reply is re-rendered
+    assert "<|im_start|>assistant\nCut here<|im_end|>" in tok.decode(fake_engine.calls[1].prompt_ids)
