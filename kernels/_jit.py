@@ -19,6 +19,9 @@ import threading
 import torch
 import triton
 
+# Triton 3.9 warns at every compile unless this is set; "1" keeps its current default (FMA fusion on).
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
 
 def interpret_forced() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")

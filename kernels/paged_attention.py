@@ -86,10 +86,10 @@ def _prefill_kernel(
         n_mask = offs_n < hi
         blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
         slot = blk * BLOCK_SIZE + offs_n % BLOCK_SIZE  # (BLOCK_N,)
-        kv_off = slot[None, :] * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d[:, None]  # (BLOCK_D, BLOCK_N)
-        kv_mask = d_mask[:, None] & n_mask[None, :]
-        kt = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)  # (BLOCK_D, BLOCK_N)
-        s = tl.dot(q, kt, input_precision=DOT_PREC) * scale_log2  # (BLOCK_M, BLOCK_N)
+        kv_off = slot[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d[None, :]  # (BLOCK_N, BLOCK_D)
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale_log2  # (BLOCK_M, BLOCK_N)
         allowed = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
         if HAS_WINDOW:
             allowed = allowed & (offs_n[None, :] > q_pos[:, None] - window)
@@ -102,8 +102,8 @@ def _prefill_kernel(
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        vt = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)  # (BLOCK_D, BLOCK_N)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), tl.trans(vt), input_precision=DOT_PREC)
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
         m_i = m_new
 
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -179,10 +179,10 @@ def _decode_kernel(
         n_mask = offs_n < s_hi
         blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
         slot = blk * BLOCK_SIZE + offs_n % BLOCK_SIZE
-        kv_off = slot[None, :] * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d[:, None]  # (BLOCK_D, BLOCK_N)
-        kv_mask = d_mask[:, None] & n_mask[None, :]
-        kt = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        s = tl.dot(q, kt, input_precision=DOT_PREC) * scale_log2  # (BLOCK_G, BLOCK_N)
+        kv_off = slot[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d[None, :]  # (BLOCK_N, BLOCK_D)
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale_log2  # (BLOCK_G, BLOCK_N)
         if HAS_ALIBI:
             s += slopes[:, None] * (offs_n - (ctx - 1)).to(tl.float32)[None, :]
         s = tl.where(n_mask[None, :], s, float("-inf"))
@@ -191,8 +191,8 @@ def _decode_kernel(
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        vt = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), tl.trans(vt), input_precision=DOT_PREC)
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
         m_i = m_new
 
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # empty range (split past the end): zeros
@@ -339,11 +339,11 @@ def _sm_count(device: torch.device) -> int:
 
 
 MAX_SPLITS = 64
-MIN_TOKENS_PER_SPLIT = 256
+MIN_TOKENS_PER_SPLIT = 128
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
-    """Enough (batch, kv_head, split) programs for ~2 waves over the SMs, each split >= 256 keys.
+    """Enough (batch, kv_head, split) programs for ~2 waves over the SMs, each split >= 128 keys.
     Depends only on python ints, so a CUDA graph captured for a batch size keeps its split count."""
     want = triton.cdiv(2 * num_sms, max(1, batch * num_kv_heads))
     useful = triton.cdiv(max(1, max_seq_len), MIN_TOKENS_PER_SPLIT)

@@ -105,7 +105,7 @@ def test_decode_auto_splits_out_buffer_and_empty_sequence():
 
 
 def test_choose_num_splits():
-    assert choose_num_splits(1, 8, 4096, 132) == 16  # limited by >= 256 keys per split
+    assert choose_num_splits(1, 8, 4096, 132) == 32  # limited by >= 128 keys per split
     assert choose_num_splits(1, 8, 100_000, 132) == 33  # ~2 waves of programs
     assert choose_num_splits(64, 8, 4096, 132) == 1
     assert choose_num_splits(4, 8, 0, 132) == 1
