@@ -85,6 +85,7 @@ class FakeEngine:
     replies: deque = field(default_factory=deque)
     calls: list[Call] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
+    delay: float = 0.0  # seconds per token
 
     def say(self, *replies) -> None:
         self.replies.extend(replies)
@@ -102,7 +103,7 @@ class FakeEngine:
             before = self.tokenizer.decode(done, skip_special_tokens=skip)
             done.append(tid)
             delta = self.tokenizer.decode(done, skip_special_tokens=skip)[len(before):]
-            await asyncio.sleep(0)
+            await asyncio.sleep(self.delay)
             yield StepOutput(request_id, 0, [tid], delta)
         last = [] if stop_reason else [self.tokenizer.eos_token_id]
         yield StepOutput(request_id, 0, last, "", finish_reason="stop", stop_reason=stop_reason)

@@ -150,3 +150,42 @@ def test_accept_header_picks_the_reply_format():
     assert not wants_ndjson("application/json, text/plain, */*")
     assert not wants_ndjson("*/*") and not wants_ndjson("")
     assert wants_ndjson("text/plain;q=0.9, application/json;q=0.8")
+
+
+async def test_ndjson_streams_over_real_http(tmp_path, fake_engine):
+    """Through uvicorn: pieces arrive while the reply is still being generated, chunked, with
+    CORS headers for the widget's origin."""
+    import asyncio
+    import time
+
+    import httpx
+    import uvicorn
+
+    from tests.memory.conftest import build_app
+
+    settings = make_settings(f"sqlite:///{tmp_path}/h.db", cors_origins=["http://widget.example"])
+    fake_engine.delay = 0.05
+    fake_engine.say("one two three four five six seven eight")
+    server = uvicorn.Server(uvicorn.Config(build_app(settings, fake_engine), host="127.0.0.1", port=0,
+                                           log_level="warning", lifespan="on"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            body = {"action": "sendMessage", "sessionId": "live", "chatInput": "go"}
+            headers = {"Accept": "text/plain", "Origin": "http://widget.example"}
+            arrivals = []
+            async with client.stream("POST", "/webhook/default/chat", json=body, headers=headers) as r:
+                assert r.headers["transfer-encoding"] == "chunked"
+                assert r.headers["access-control-allow-origin"] == "http://widget.example"
+                async for line in r.aiter_lines():
+                    if line:
+                        arrivals.append((time.monotonic(), json.loads(line)))
+        items = [t for t, x in arrivals if x["type"] == "item"]
+        assert arrivals[-1][1]["type"] == "end"
+        assert items[-1] - items[0] > 0.2  # spread over the generation, not sent at the end
+    finally:
+        server.should_exit = True
+        await task
