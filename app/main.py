@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.chat import constraints
 from app.chat.serving import Serving
 from app.errors import BodyLimitMiddleware, install_error_handlers
 from app.metrics import Metrics
@@ -71,6 +72,8 @@ async def attach_engine(app: FastAPI, engine: Any) -> None:
 async def _load_engine(app: FastAPI) -> None:
     try:
         engine = await asyncio.to_thread(build_engine, app.state.settings)
+        vocab_size = getattr(getattr(engine, "model_config", None), "vocab_size", None)
+        await asyncio.to_thread(constraints.warmup, engine.tokenizer, vocab_size)
         await attach_engine(app, engine)
     except asyncio.CancelledError:
         raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import inspect
 import logging
 from typing import Any
 
@@ -11,14 +12,26 @@ from app.errors import APIError
 
 log = logging.getLogger("chatloom.constraints")
 
+_PARAMS = ("max_tokens", "tool_choice", "tools", "response_format", "parallel_tool_calls")
 
-def _grammar_api() -> Any | None:
+
+def grammar_api() -> Any | None:
     try:
         return importlib.import_module("grammar.api")
     except ModuleNotFoundError as exc:
         if exc.name not in ("grammar.api", "grammar"):
             raise  # grammar.api exists but a dependency of it is missing: a real error
         return None
+
+
+def warmup(tokenizer: Any, vocab_size: int | None) -> None:
+    """Build the grammar token tables at start-up (seconds) rather than in the first tool request."""
+    api = grammar_api()
+    if api is not None and hasattr(api, "warmup"):
+        try:
+            api.warmup(tokenizer, vocab_size)
+        except Exception:
+            log.exception("grammar warm-up failed; grammars will be built on first use")
 
 
 async def build_constraint(
@@ -29,26 +42,30 @@ async def build_constraint(
     parallel_tool_calls: bool,
     response_format: dict[str, Any] | None,
     max_tokens: int,
+    vocab_size: int | None = None,
 ) -> Any | None:
     """A ConstraintFactory for SamplingParams.constraint, or None (nothing to constrain, or no
-    grammar backend yet: then decoding is unconstrained)."""
-    wants_tools = bool(tools) and tool_choice != "none"
+    grammar backend: then decoding is unconstrained). vocab_size: the model's logits width, which
+    can exceed the tokenizer's (padded embedding rows must be masked too)."""
     wants_format = response_format is not None and response_format.get("type") != "text"
-    if not (wants_tools or wants_format):
+    if not tools and not wants_format:
         return None
-    api = _grammar_api()
+    api = grammar_api()
     if api is None:
         return None
+    kwargs: dict[str, Any] = dict(
+        tools=tools or None,
+        tool_choice=tool_choice if tools else None,
+        parallel_tool_calls=parallel_tool_calls,
+        response_format=response_format if wants_format else None,
+        max_tokens=max_tokens,
+    )
+    if vocab_size is not None and "vocab_size" in inspect.signature(api.build_constraint).parameters:
+        kwargs["vocab_size"] = vocab_size
     try:
-        # compiling a grammar may take a while the first time: keep it off the event loop
-        return await asyncio.to_thread(
-            api.build_constraint,
-            tokenizer,
-            tools=tools if wants_tools else None,
-            tool_choice=tool_choice if wants_tools else "none",
-            parallel_tool_calls=parallel_tool_calls,
-            response_format=response_format if wants_format else None,
-            max_tokens=max_tokens,
-        )
+        # a new grammar's tables take tens to hundreds of ms: keep them off the event loop
+        return await asyncio.to_thread(api.build_constraint, tokenizer, **kwargs)
     except ValueError as exc:
-        raise APIError(str(exc), param="max_tokens" if "max_tokens" in str(exc) else None) from exc
+        message = str(exc)
+        param = next((p for p in _PARAMS if message.startswith(p)), None)
+        raise APIError(message, param=param) from exc

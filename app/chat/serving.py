@@ -138,6 +138,8 @@ class Serving:
         self.token_text = TokenText(self.tokenizer)
         self.max_model_len: int = engine.max_model_len
         self.vocab_size = len(self.tokenizer)
+        model_config = getattr(engine, "model_config", None)
+        self.model_vocab_size: int | None = getattr(model_config, "vocab_size", None)
         self.served_name = settings.model_name()
         self._special_ids = set(getattr(self.tokenizer, "all_special_ids", []) or [])
 
@@ -184,17 +186,22 @@ class Serving:
         max_tokens = check_context(len(prompt_ids), max_tokens, self.max_model_len, "messages")
         constraint = await build_constraint(
             self.tokenizer,
-            tools=use_tools,
+            # with tool_choice "none" the grammar still keeps call markup out of the text
+            tools=tools or None,
             tool_choice=tool_choice,
             parallel_tool_calls=parallel_tool_calls,
             response_format=response_format,
             max_tokens=max_tokens,
+            vocab_size=self.model_vocab_size,
         )
         params = make_params(
             **fields,
             max_tokens=max_tokens,
             logprobs=top_logprobs,
             constraint=constraint,
+            # the tool-call tags are added tokens, which decoding drops when skipping specials;
+            # stop tokens are never detokenized, so nothing else special reaches the text
+            skip_special_tokens=use_tools is None,
         )
         return Prepared(request_id, prompt_ids, params, use_tools is not None, top_logprobs, model)
 

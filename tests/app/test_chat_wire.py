@@ -387,8 +387,9 @@ def test_constraints_requested_from_grammar(fake_server, fake_engine, script, gr
 
     n = len(grammar_stub)
     post(fake_server, "/v1/chat/completions", {"messages": USER, "max_tokens": 20})
-    post(fake_server, "/v1/chat/completions", {"messages": USER, "tools": TOOLS, "tool_choice": "none"})
     assert len(grammar_stub) == n  # nothing to constrain: not asked
+    post(fake_server, "/v1/chat/completions", {"messages": USER, "tools": TOOLS, "tool_choice": "none"})
+    assert grammar_stub[-1]["tool_choice"] == "none"  # the grammar keeps call markup out of the text
 
     r = post(
         fake_server,

@@ -156,3 +156,117 @@ def test_health_and_metrics(real_server):
     assert httpx.get(real_server.url + "/health").json() == {"status": "ok"}
     text = httpx.get(real_server.url + "/metrics").text
     assert "chatloom_kv_blocks_total 512.0" in text
+
+
+CALC = {
+    "type": "function",
+    "function": {
+        "name": "Calculator",
+        "description": "Evaluates math",
+        "parameters": {
+            "type": "object",
+            "properties": {"input": {"type": "string", "maxLength": 12}},
+            "required": ["input"],
+            "additionalProperties": False,
+            "$schema": "http://json-schema.org/draft-07/schema#",
+        },
+        "strict": False,
+    },
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 10}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def _grammar_available() -> bool:
+    from app.chat.constraints import grammar_api
+
+    return grammar_api() is not None
+
+
+needs_grammar = pytest.mark.skipif(not _grammar_available(), reason="grammar.api not present")
+
+
+@needs_grammar
+def test_required_tool_call_from_the_random_model(client):
+    """The grammar makes the random model write a valid call; the parser turns it into tool_calls."""
+    resp = client.chat.completions.create(
+        model="m", messages=MSGS, tools=[CALC, WEATHER], tool_choice="required", max_tokens=120, seed=3
+    )
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert choice.message.content is None
+    for call in choice.message.tool_calls:
+        args = json.loads(call.function.arguments)
+        assert call.function.name in ("Calculator", "get_weather")
+        assert set(args) == ({"input"} if call.function.name == "Calculator" else {"city"})
+
+
+@needs_grammar
+def test_named_tool_call_streams_like_non_streaming(real_server):
+    body = {
+        "messages": MSGS,
+        "tools": [CALC, WEATHER],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "max_tokens": 120,
+        "temperature": 0,
+        "stream_options": {"include_usage": True},
+    }
+    whole = httpx.post(real_server.url + "/v1/chat/completions", json=body, timeout=60).json()
+    (call,) = whole["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    r = httpx.post(real_server.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60)
+    (choice,), _ = check_chat_stream(r.content, include_usage=True)
+    assert choice.finish_reason == "tool_calls" and not choice.content
+    (streamed,) = choice.tool_calls.values()
+    assert streamed["name"] == "get_weather"
+    assert json.loads(streamed["arguments"]) == json.loads(call["function"]["arguments"])
+
+
+@needs_grammar
+def test_responses_required_function_call(client):
+    tool = {
+        "type": "function",
+        "name": "Calculator",
+        "parameters": CALC["function"]["parameters"],
+        "strict": None,
+    }
+    resp = client.responses.create(
+        model="gpt-4o-mini", input="6*7?", tools=[tool], tool_choice="required", max_output_tokens=120
+    )
+    calls = [o for o in resp.output if o.type == "function_call"]
+    assert calls and all(set(json.loads(c.arguments)) == {"input"} for c in calls)
+    events = list(
+        client.responses.create(
+            model="m", input="6*7?", tools=[tool], tool_choice="required", max_output_tokens=120, stream=True
+        )
+    )
+    args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert done and args == "".join(d.arguments for d in done)
+
+
+@needs_grammar
+def test_json_schema_response_format(client):
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "string", "maxLength": 8}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+    resp = client.chat.completions.create(
+        model="m",
+        messages=MSGS,
+        max_tokens=60,
+        response_format={"type": "json_schema", "json_schema": {"name": "out", "schema": schema}},
+    )
+    assert set(json.loads(resp.choices[0].message.content)) == {"answer"}
