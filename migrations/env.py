@@ -14,7 +14,7 @@ import os
 from alembic import context
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from app.memory.db import async_url
+from app.memory.db import async_url, ensure_sqlite_dir
 from app.memory.models import Base
 
 config = context.config
@@ -27,10 +27,16 @@ def _n8n_table() -> str:
     )
 
 
+def _include_name(name, type_, parent_names) -> bool:
+    # autogenerate / `alembic check` compare the ORM models only: n8n's table is not one of them
+    return not (type_ == "table" and name == _n8n_table())
+
+
 def _configure_and_run(connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=target_metadata,
+        include_name=_include_name,
         render_as_batch=connection.dialect.name == "sqlite",  # ALTER TABLE support on SQLite
         compare_type=True,
     )
@@ -45,6 +51,7 @@ def _url() -> str:
 
 
 async def _run_async() -> None:
+    ensure_sqlite_dir(_url())
     engine = create_async_engine(_url())
     async with engine.begin() as conn:
         await conn.run_sync(_configure_and_run)

@@ -34,6 +34,13 @@ def async_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+def ensure_sqlite_dir(url: str) -> None:
+    """SQLite creates the file but not its folder (the default is ./data/chatloom.db)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+
+
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     # foreign keys make ON DELETE CASCADE work; WAL lets readers run beside the one writer
     cur = dbapi_conn.cursor()
@@ -47,10 +54,8 @@ class Database:
         self.url = async_url(url)
         self.n8n_table_name = n8n_history_table
         self.history = history_table(n8n_history_table)
-        parsed = make_url(self.url)
-        self.is_sqlite = parsed.get_backend_name() == "sqlite"
-        if self.is_sqlite and parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        self.is_sqlite = make_url(self.url).get_backend_name() == "sqlite"
+        ensure_sqlite_dir(self.url)
         # SQLite: wait for the one writer instead of failing at once with "database is locked"
         connect_args = {"timeout": 30} if self.is_sqlite else {}
         self.engine: AsyncEngine = create_async_engine(

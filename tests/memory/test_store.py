@@ -107,7 +107,7 @@ def test_alembic_from_alembic_ini_both_ways(db_url):
     script = (
         "from alembic import command; from alembic.config import Config; cfg = Config('alembic.ini'); "
         "command.upgrade(cfg, 'head'); command.downgrade(cfg, 'base'); command.upgrade(cfg, 'head'); "
-        "command.current(cfg)"
+        "command.current(cfg); command.check(cfg)"  # check: the models and the migrations agree
     )
     env = {**os.environ, "CHATLOOM_DATABASE_URL": db_url}
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, check=True, capture_output=True,
