@@ -7,6 +7,7 @@ from typing import Annotated, Any
 import httpx
 from fastapi import Depends, Request
 
+from app.deps import get_engine  # 503 while the model loads, naming a load error
 from app.errors import APIError
 from app.memory.db import Database
 
@@ -18,19 +19,14 @@ def get_db(request: Request) -> Database:
     return db
 
 
-def get_engine(request: Request) -> Any:
-    engine = getattr(request.app.state, "engine", None)
-    if engine is None:
-        raise APIError("The model is not loaded yet.", 503)
-    return engine
-
-
 def get_http(request: Request) -> httpx.AsyncClient:
     http = getattr(request.app.state, "webhook_http", None)
     if http is None:
         http = request.app.state.webhook_http = httpx.AsyncClient(follow_redirects=True)
     return http
 
+
+__all__ = ["DB", "HTTP", "Engine", "get_db", "get_engine", "get_http"]
 
 DB = Annotated[Database, Depends(get_db)]
 Engine = Annotated[Any, Depends(get_engine)]
