@@ -20,9 +20,9 @@ from app.chat.generation import (
 from app.chat.serving import SSE_DONE, rejected_as_400, sse
 from app.deps import ApiKey, ServingDep
 from app.errors import APIError
-from app.schemas.chat import ChatCompletionRequest
+from app.schemas.chat import ChatCompletion, ChatCompletionRequest
 from app.schemas.common import Model, ModelList
-from app.schemas.completions import CompletionRequest
+from app.schemas.completions import Completion, CompletionRequest
 
 router = APIRouter(dependencies=[ApiKey], tags=["openai"])
 
@@ -50,7 +50,11 @@ async def get_model(model_id: str, serving: ServingDep) -> Model:
     return Model(id=model_id, created=int(time.time()), max_model_len=serving.max_model_len)
 
 
-@router.post("/v1/chat/completions")
+_CHAT_DOC = {200: {"model": ChatCompletion, "description": "JSON, or SSE ChatCompletionChunks with stream"}}
+_CMPL_DOC = {200: {"model": Completion, "description": "JSON, or SSE chunks (Completion) with stream"}}
+
+
+@router.post("/v1/chat/completions", responses=_CHAT_DOC)
 @router.post("/chat/completions", include_in_schema=False)
 async def chat_completions(body: ChatCompletionRequest, request: Request, serving: ServingDep):
     session_id = request.headers.get("x-session-id") or body.session_id
@@ -64,7 +68,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servin
 # ---- legacy completions --------------------------------------------------------------------------
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", responses=_CMPL_DOC)
 @router.post("/completions", include_in_schema=False)
 async def completions(body: CompletionRequest, request: Request, serving: ServingDep):
     model = serving.model_name(body.model)

@@ -13,7 +13,7 @@ from app.chat import responses as convert
 from app.chat.generation import new_id, sampling_fields
 from app.chat.serving import Prepared, Serving
 from app.deps import ApiKey, ServingDep
-from app.schemas.responses import ResponsesRequest
+from app.schemas.responses import Response, ResponsesRequest
 
 router = APIRouter(dependencies=[ApiKey], tags=["responses"])
 log = logging.getLogger("chatloom.responses")
@@ -40,7 +40,10 @@ def _event(data: dict) -> bytes:
     return f"event: {data['type']}\ndata: {payload}\n\n".encode()
 
 
-@router.post("/v1/responses")
+@router.post(
+    "/v1/responses",
+    responses={200: {"model": Response, "description": "JSON, or typed SSE events with stream"}},
+)
 @router.post("/responses", include_in_schema=False)
 async def create_response(body: ResponsesRequest, request: Request, serving: ServingDep):
     prep = await _prepare(serving, body)

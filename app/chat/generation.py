@@ -20,7 +20,7 @@ log = logging.getLogger("chatloom.generation")
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}" if prefix != "resp" else f"resp_{uuid.uuid4().hex}"
+    return f"{prefix}-{uuid.uuid4().hex}"
 
 
 def check_context(prompt_len: int, max_tokens: int | None, max_model_len: int, param: str) -> int:

@@ -422,3 +422,23 @@ def test_responses_non_streaming_keeps_generation_order(client, script):
     resp = client.responses.create(model="m", input="x", tools=RESP_TOOLS)
     assert [o.type for o in resp.output] == ["function_call", "message"]
     assert resp.output[1].content[0].text == "Then text."
+
+
+def test_our_schemas_describe_what_we_send(fake_server, script):
+    """app.schemas' response models (the OpenAPI docs) match the bodies actually sent."""
+    from app.schemas.chat import ChatCompletion, ChatCompletionChunk
+    from app.schemas.completions import Completion
+    from app.schemas.responses import Response
+
+    script(CALLS_TEXT)
+    body = {"messages": USER, "tools": TOOLS, "logprobs": True, "top_logprobs": 1}
+    ChatCompletion.model_validate(post(fake_server, "/v1/chat/completions", body).json())
+    r = post(
+        fake_server,
+        "/v1/chat/completions",
+        {**body, "stream": True, "stream_options": {"include_usage": True}},
+    )
+    for event in sse_events(r.content)[:-1]:
+        ChatCompletionChunk.model_validate_json(event)
+    Completion.model_validate(post(fake_server, "/v1/completions", {"prompt": "hi", "logprobs": 1}).json())
+    Response.model_validate(post(fake_server, "/v1/responses", {"input": "hi", "tools": RESP_TOOLS}).json())
