@@ -13,6 +13,7 @@ routed through an InterpretedFunction of the same source (`_route_jit_calls_to_i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -28,6 +29,7 @@ def interpret_forced() -> bool:
 
 
 _interpreting = threading.local()
+_recording: list | None = None
 _interpreted_helpers: dict = {}
 
 
@@ -76,6 +78,9 @@ class Kernel:
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
+            if _recording is not None:
+                _recording.append((self.fn, grid, args, kwargs))
+                return None
             fn = self._pick(args, kwargs)
             if fn is self._compiled:
                 return fn[grid](*args, **kwargs)
@@ -95,7 +100,23 @@ def kernel(fn=None, **jit_kwargs):
     return Kernel(fn, **jit_kwargs)
 
 
+@contextlib.contextmanager
+def record_launches():
+    """Within this block launches are recorded as (python fn, grid, args, kwargs) instead of run, and
+    launchers pick their GPU configurations even for CPU tensors: a machine without a GPU can then
+    compile every kernel for a GPU target (tests/kernels/test_compile_sm90.py)."""
+    global _recording
+    _recording = []
+    try:
+        yield _recording
+    finally:
+        _recording = None
+
+
 def is_interpreting(t: torch.Tensor) -> bool:
+    """Whether a launch on `t` runs in the interpreter (launchers use it to pick tile sizes)."""
+    if _recording is not None:
+        return False
     return t.device.type == "cpu" or interpret_forced()
 
 

@@ -240,6 +240,27 @@ def _decode_reduce_kernel(
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d, res.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
+# Tile configurations; module-level so that `python -m kernels.bench --sweep` can try others on the GPU.
+# Chosen without spills on sm_90 (tests/kernels/compile_sm90.py checks): fp32 runs its dots on FMA
+# units (no TF32) and needs 8 warps to hold its tiles in registers.
+PREFILL_CONFIGS = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
+    "16bit": (64, 64, 4, 3),
+    "fp32": (32, 32, 8, 2),
+    "interpret": (16, 16, 4, 1),
+}
+DECODE_CONFIGS = {  # (BLOCK_N, num_warps, num_stages)
+    "16bit": (64, 4, 3),
+    "fp32": (32, 8, 2),
+    "interpret": (16, 4, 1),
+}
+
+
+def _config_key(q: torch.Tensor) -> str:
+    if is_interpreting(q):
+        return "interpret"
+    return "fp32" if q.dtype == torch.float32 else "16bit"
+
+
 def _check_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor):
     if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
         raise ValueError(f"k_cache/v_cache must be equal (num_blocks, block_size, num_kv_heads, head_dim), "
@@ -308,12 +329,7 @@ def paged_prefill_attention(
         raise ValueError("out must match q")
     if n == 0 or batch == 0 or max_seqlen_q <= 0:
         return out
-    if is_interpreting(q):
-        block_m, block_n, warps, stages = 16, 16, 4, 1
-    elif q.dtype == torch.float32:
-        block_m, block_n, warps, stages = 32, 32, 4, 2
-    else:
-        block_m, block_n, warps, stages = 64, 64, 4, 3
+    block_m, block_n, warps, stages = PREFILL_CONFIGS[_config_key(q)]
     grid = (triton.cdiv(max_seqlen_q, block_m), batch, h)
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, block_tables, cu_seqlens_q, seq_lens, _alibi(alibi_slopes, h, q),
@@ -386,19 +402,13 @@ def paged_decode_attention(
     if b == 0:
         return out
     group = h // hk
-    interp = is_interpreting(q)
     if num_splits is None:
         bound = max_seq_len if max_seq_len is not None else block_tables.shape[1] * bs
         num_splits = choose_num_splits(b, hk, bound, _sm_count(q.device))
     num_splits = int(num_splits)
     if not 1 <= num_splits <= 1024:
         raise ValueError("num_splits must be in [1, 1024]")
-    if interp:
-        block_n, warps, stages = 16, 4, 1
-    elif q.dtype == torch.float32:
-        block_n, warps, stages = 32, 4, 2
-    else:
-        block_n, warps, stages = 64, 4, 3
+    block_n, warps, stages = DECODE_CONFIGS[_config_key(q)]
     if num_splits > 1:
         part_out = torch.empty((b, h, num_splits, d), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((b, h, num_splits), dtype=torch.float32, device=q.device)

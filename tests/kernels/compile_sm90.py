@@ -1,0 +1,121 @@
+"""Compile every kernel, at the GPU tile sizes its launcher picks, for sm_90 (H100/H200) without a GPU.
+
+`python -m tests.kernels.compile_sm90` prints one line per compiled kernel and exits 1 on a failure or a
+register spill in an attention kernel. It must run in a process where triton was imported WITHOUT
+TRITON_INTERPRET (triton's own library functions are then compilable), hence a subprocess in
+test_compile_sm90.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+
+from kernels import reference as ref
+from kernels._jit import record_launches
+from tests.kernels.paged import alibi_slopes, make_paged
+
+NV_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
+         torch.int64: "i64"}  # fmt: skip
+
+
+def _launches(dtype: torch.dtype):
+    from kernels.activation import silu_and_mul
+    from kernels.bitmask import apply_token_bitmask_
+    from kernels.kv_cache import store_kv
+    from kernels.paged_attention import paged_decode_attention, paged_prefill_attention
+    from kernels.rmsnorm import fused_add_rms_norm, rms_norm
+    from kernels.rope import apply_rope
+
+    q, kc, vc, bt, cu, sl = make_paged([300, 64], [100, 1], 16, 8, 128, 16, dtype)
+    with record_launches() as launches:
+        for window, slopes in ((None, None), (64, alibi_slopes(16))):
+            paged_prefill_attention(q, kc, vc, bt, cu, sl, 100, 0.1, window, slopes)
+            for splits in (1, 16):
+                paged_decode_attention(q[:2], kc, vc, bt, sl, 0.1, window, slopes, num_splits=splits)
+        if dtype != torch.float32:
+            k = torch.randn(5, 8, 128).to(dtype)
+            store_kv(k, k, kc, vc, torch.arange(5))
+            x, w = torch.randn(4, 1024).to(dtype), torch.randn(1024).to(dtype)
+            rms_norm(x, w, 1e-6)
+            fused_add_rms_norm(x, x.clone(), w, 1e-6)
+            cos_sin = ref.rope_cos_sin(torch.rand(64), 16)
+            q4, k4 = torch.randn(4, 16, 128).to(dtype), torch.randn(4, 8, 128).to(dtype)
+            apply_rope(q4, k4, torch.arange(4), cos_sin)
+            silu_and_mul(torch.randn(4, 6144).to(dtype))
+            apply_token_bitmask_(torch.randn(4, 1000), torch.zeros(4, 32, dtype=torch.int32), torch.arange(2))
+    return launches
+
+
+def _compile(fn, args, kwargs):
+    """What JITFunction.run would compile for these arguments (16-byte alignment assumed, as torch gives)."""
+    jf = JITFunction(fn)
+    kwargs = dict(kwargs)
+    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+    values = dict(zip(jf.arg_names, args, strict=False)) | kwargs
+    signature, constexprs, attrs = {}, {}, {}
+    for i, name in enumerate(jf.arg_names):
+        v = values[name]
+        if jf.params[i].is_constexpr:
+            signature[name], constexprs[name] = "constexpr", v
+        elif isinstance(v, torch.Tensor):
+            signature[name] = "*" + TYPES[v.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(v, int):
+            signature[name] = "i32" if abs(v) < 2**31 else "i64"
+            if v % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = "fp32"
+    src = ASTSource(jf, signature, constexprs, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def _stack_bytes(cubin: bytes, tmp: Path) -> int | None:
+    """Spilled bytes per thread, from cuobjdump (None if it is not available)."""
+    cuobjdump = os.path.join(NV_BIN, "cuobjdump")
+    if not shutil.which(cuobjdump):
+        return None
+    path = tmp / "k.cubin"
+    path.write_bytes(cubin)
+    done = subprocess.run([cuobjdump, "--dump-resource-usage", str(path)], capture_output=True, text=True)
+    found = re.search(r"STACK:(\d+)", done.stdout)
+    return int(found.group(1)) if found else None
+
+
+def main() -> int:
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("run without TRITON_INTERPRET")
+        return 2
+    failures = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for dtype in (torch.bfloat16, torch.float32):
+            for fn, _grid, args, kwargs in _launches(dtype):
+                name = f"{fn.__name__} {TYPES[dtype]}"
+                try:
+                    compiled = _compile(fn, args, kwargs)
+                except Exception as exc:
+                    failures += 1
+                    print(f"FAIL {name}: {type(exc).__name__}: {exc}")
+                    continue
+                stack = _stack_bytes(compiled.asm["cubin"], Path(tmp))
+                spills = bool(stack) and "attention" in fn.__module__
+                failures += spills
+                print(f"{'SPILL' if spills else 'ok'} {name} shared={compiled.metadata.shared} stack={stack}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
