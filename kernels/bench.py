@@ -260,6 +260,77 @@ def build_cases(dtype, device, tiny: bool, only: set[str]) -> list[Case]:
     return cases
 
 
+PREFILL_SWEEP = [
+    (64, 64, 4, 3), (64, 32, 4, 3), (128, 64, 8, 3), (128, 32, 8, 3), (32, 64, 4, 3), (16, 64, 4, 3),
+    (64, 64, 4, 2), (64, 64, 8, 3),
+]  # fmt: skip
+DECODE_SWEEP = [
+    (64, 4, 3), (32, 4, 3), (128, 4, 3), (64, 8, 3), (128, 8, 3), (64, 4, 2), (32, 4, 4), (16, 4, 4),
+]  # fmt: skip
+SPLITS_SWEEP = [1, 2, 4, 8, 16, 32, 64]
+
+
+def sweep(dtype, device, timer: Timer, tiny: bool) -> None:
+    """Times the attention kernels over tile configurations and decode split counts; prints the best.
+    Put the winners into PREFILL_CONFIGS / DECODE_CONFIGS / choose_num_splits in paged_attention.py."""
+    from kernels import paged_attention as pa
+
+    key = "interpret" if device.type == "cpu" else ("fp32" if dtype == torch.float32 else "16bit")
+    scale = HEAD_DIM**-0.5
+    prefill_default, decode_default = pa.PREFILL_CONFIGS[key], pa.DECODE_CONFIGS[key]
+    # (batch, context, new tokens): W1 prompts, W2-like cached prefix, M1's turn 10, one long prompt
+    prefill_shapes = [(32, 128, 128), (32, 1024, 128), (1, 3764, 100), (1, 4096, 4096)]
+    if tiny:
+        prefill_shapes = [(2, 16, 16)]
+    decode_shapes = [(1, 64)] if tiny else [(b, c) for b in (1, 32, 256) for c in (256, 1024, 4096)]
+    prefill_sweep = [(16, 16, 4, 1)] if tiny else PREFILL_SWEEP
+    decode_sweep = [(16, 4, 1)] if tiny else DECODE_SWEEP
+    splits_sweep = [1, 2] if tiny else SPLITS_SWEEP
+    try:
+        print("# prefill: (BLOCK_M, BLOCK_N, warps, stages) -> us (graph replay if possible)")
+        for b, ctx, qlen in prefill_shapes:
+            q, kc, vc, bt, cu, sl = _paged(b, ctx, qlen, dtype, device)
+            results = []
+            for cfg in prefill_sweep:
+                pa.PREFILL_CONFIGS[key] = cfg
+                fn = lambda q=q, kc=kc, vc=vc, bt=bt, cu=cu, sl=sl, qlen=qlen: pa.paged_prefill_attention(
+                    q, kc, vc, bt, cu, sl, qlen, scale
+                )
+                try:
+                    t = timer.graph(fn) or timer.eager(fn)
+                except Exception as exc:  # a config the chip cannot hold
+                    print(f"  {cfg}: {type(exc).__name__}")
+                    continue
+                results.append((t, cfg))
+            results.sort()
+            cells = "  ".join(f"{c}={t * 1e6:.1f}" for t, c in results)
+            print(f"prefill {b}x{qlen} ctx={ctx}: best {results[0][1]}  | {cells}")
+        print("# decode: (BLOCK_N, warps, stages) x num_splits -> us")
+        for b, ctx in decode_shapes:
+            q, kc, vc, bt, _, sl = _paged(b, ctx, 1, dtype, device)
+            results = []
+            for cfg in decode_sweep:
+                pa.DECODE_CONFIGS[key] = cfg
+                for splits in splits_sweep:
+                    if splits > 1 and ctx // splits < cfg[0]:
+                        continue
+                    fn = lambda q=q, kc=kc, vc=vc, bt=bt, sl=sl, s=splits: pa.paged_decode_attention(
+                        q, kc, vc, bt, sl, scale, num_splits=s
+                    )
+                    try:
+                        t = timer.graph(fn) or timer.eager(fn)
+                    except Exception as exc:
+                        print(f"  {cfg} splits={splits}: {type(exc).__name__}")
+                        continue
+                    results.append((t, cfg, splits))
+            results.sort()
+            auto = pa.choose_num_splits(b, NUM_KV_HEADS, ctx, pa._sm_count(device))
+            top = "  ".join(f"{c}/{s}={t * 1e6:.1f}" for t, c, s in results[:6])
+            print(f"decode B={b} ctx={ctx}: auto splits {auto}; best {top}")
+    finally:
+        pa.PREFILL_CONFIGS[key], pa.DECODE_CONFIGS[key] = prefill_default, decode_default
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m kernels.bench",
@@ -276,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-check", action="store_true", help="skip the error check vs the fp32 reference")
     parser.add_argument("--flush-l2", action="store_true", help="write 256 MiB before each timed call")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (smoke test; allowed on the CPU)")
+    parser.add_argument("--sweep", action="store_true",
+                        help="instead: sweep attention tile configs and decode split counts")  # fmt: skip
     args = parser.parse_args(argv)
 
     only = {k.strip() for k in args.only.split(",") if k.strip()}
@@ -300,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"# {name}  torch {torch.__version__}  triton {triton.__version__}  dtype {args.dtype}  "
           f"reps {args.reps}  flush_l2 {args.flush_l2}")  # fmt: skip
+    if args.sweep:
+        sweep(DTYPES[args.dtype], device, timer, args.tiny)
+        return 0
     header = f"{'kernel':<19} {'shape':<22} {'triton us':>10} {'graph us':>9} {'torch us':>10} "
     header += f"{'speedup':>8} {'GB/s':>8} {'TFLOP/s':>8} {'err':>9}"
     print(header)
