@@ -36,9 +36,8 @@ def sse_response(body) -> StreamingResponse:
 @router.get("/v1/models", response_model=ModelList)
 @router.get("/models", response_model=ModelList, include_in_schema=False)
 async def list_models(serving: ServingDep) -> ModelList:
-    created = getattr(serving, "created", None) or int(time.time())
     return ModelList(
-        data=[Model(id=serving.served_name, created=created, max_model_len=serving.max_model_len)]
+        data=[Model(id=serving.served_name, created=serving.created, max_model_len=serving.max_model_len)]
     )
 
 
@@ -47,7 +46,7 @@ async def list_models(serving: ServingDep) -> ModelList:
 async def get_model(model_id: str, serving: ServingDep) -> Model:
     if model_id != serving.served_name and serving.settings.strict_model_names:
         raise APIError(f"The model {model_id!r} does not exist.", 404, param="model", code="model_not_found")
-    return Model(id=model_id, created=int(time.time()), max_model_len=serving.max_model_len)
+    return Model(id=model_id, created=serving.created, max_model_len=serving.max_model_len)
 
 
 _CHAT_DOC = {200: {"model": ChatCompletion, "description": "JSON, or SSE ChatCompletionChunks with stream"}}

@@ -13,6 +13,7 @@ from app.chat import responses as convert
 from app.chat.generation import new_id, sampling_fields
 from app.chat.serving import Prepared, Serving
 from app.deps import ApiKey, ServingDep
+from app.errors import APIError
 from app.schemas.responses import Response, ResponsesRequest
 
 router = APIRouter(dependencies=[ApiKey], tags=["responses"])
@@ -21,6 +22,16 @@ log = logging.getLogger("chatloom.responses")
 
 async def _prepare(serving: Serving, body: ResponsesRequest) -> Prepared:
     model = serving.model_name(body.model)
+    try:
+        return await _prepare_chat(serving, body, model)
+    except APIError as exc:
+        if exc.param == "max_tokens":  # this API's name for it
+            exc.param = "max_output_tokens"
+            exc.message = exc.message.replace("max_tokens", "max_output_tokens")
+        raise
+
+
+async def _prepare_chat(serving: Serving, body: ResponsesRequest, model: str) -> Prepared:
     return await serving.prepare(
         messages=convert.input_messages(body),
         tools=convert.chat_tools(body),

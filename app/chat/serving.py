@@ -141,6 +141,7 @@ class Serving:
         model_config = getattr(engine, "model_config", None)
         self.model_vocab_size: int | None = getattr(model_config, "vocab_size", None)
         self.served_name = settings.model_name()
+        self.created = int(time.time())  # the model's `created` in /v1/models
         self._special_ids = set(getattr(self.tokenizer, "all_special_ids", []) or [])
 
     def model_name(self, requested: str | None) -> str:

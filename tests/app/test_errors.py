@@ -246,7 +246,7 @@ CASES = [
         RESP,
         {"input": "hi", "max_output_tokens": 10**9},
         400,
-        "max_tokens",
+        "max_output_tokens",
     ),
     (
         "responses previous_response_id",
