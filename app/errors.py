@@ -146,7 +146,15 @@ async def _on_http_error(request: Request, exc: StarletteHTTPException) -> JSONR
     return error_response(exc.status_code, message, code=code, headers=getattr(exc, "headers", None))
 
 
+async def _on_internal_error(request: Request, exc: Exception) -> JSONResponse:
+    # Starlette's ServerErrorMiddleware calls this for unhandled exceptions and then re-raises
+    # them, so they stay 500s and reach the server's log; the client gets the error object only
+    log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, "The server had an error while processing the request.", type="server_error")
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(Exception, _on_internal_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(APIError, _on_api_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)

@@ -372,3 +372,19 @@ def test_strict_model_names(guarded):
     assert err["code"] == "model_not_found" and err["param"] == "model"
     assert guarded.post(CHAT, json={"messages": U, "max_tokens": 1}, headers=auth).status_code == 200
     assert guarded.get("/v1/models", headers=auth).json()["data"][0]["id"] == "tiny"
+
+
+def test_internal_errors_stay_logged_500s(fake_engine, tmp_path, monkeypatch, caplog):
+    from app.chat.serving import Serving
+
+    async def broken(self, *args, **kwargs):
+        raise RuntimeError("a bug, not bad input")
+
+    monkeypatch.setattr(Serving, "prepare_chat", broken)
+    settings = Settings(database_url=f"sqlite:///{tmp_path}/c.db")
+    with TestClient(create_app(settings, engine=fake_engine), raise_server_exceptions=False) as client:
+        r = client.post(CHAT, json={"messages": U})
+        err = assert_error_object(r, 500)
+        assert err["type"] == "server_error" and "a bug" not in err["message"]
+        assert client.get("/health").status_code == 200
+    assert any("a bug, not bad input" in str(rec.exc_info[1]) for rec in caplog.records if rec.exc_info)
