@@ -23,6 +23,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     enforce_eager: bool = False  # no CUDA graphs
+    # prepare step N+1 while the device runs step N; None: on CUDA only (no gain on the CPU)
+    async_scheduling: bool | None = None
     seed: int = 0
     load_format: str = "auto"
     tokenizer: str | None = None  # defaults to the model folder

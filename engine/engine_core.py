@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,9 +20,21 @@ from engine.outputs import StepOutput, TokenLogprob
 from engine.sampler import Sampler, compute_logprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.sequence import PENDING, Sequence
 
 log = logging.getLogger("chatloom.engine")
+
+
+@dataclass
+class _InFlight:
+    """A launched step whose sampled tokens may still be on the device."""
+
+    seqs: list[Sequence]
+    positions: list[int]  # where each sequence's placeholder sits in its token_ids
+    token_ids: torch.Tensor  # (rows,) sampled ids on the device
+    host_ids: torch.Tensor  # (rows,) the same ids on the host (pinned; valid once event fired)
+    event: object | None
+    logprobs: list | None
 
 
 class EngineCore:
@@ -69,6 +82,10 @@ class EngineCore:
         self.sampler = Sampler(self.vocab_size, self.eos_token_ids, self.device, config.seed)
         self.requests: dict[str, list[Sequence]] = {}
         self.num_steps = 0
+        overlap = config.async_scheduling
+        self.overlap = self.device.type == "cuda" if overlap is None else overlap
+        self._inflight: _InFlight | None = None
+        self._num_sync_requests = 0  # unfinished sequences that need every token on the host
         self.startup_seconds = time.perf_counter() - t0
         log.info(
             "engine ready in %.1fs: %s on %s (%s)",
@@ -99,6 +116,12 @@ class EngineCore:
         bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
+        for name, extra in (("logit_bias", params.logit_bias), ("stop_token_ids", params.stop_token_ids)):
+            bad = next((t for t in extra if not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                raise ValueError(
+                    f"{name} token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})"
+                )
         need = len(ids) + (params.max_tokens or 1)
         if need > self.max_model_len:
             raise ValueError(
@@ -123,6 +146,8 @@ class EngineCore:
                 seq.generator = torch.Generator(device=self.device).manual_seed(params.seed + i)
             seqs.append(seq)
             self.scheduler.add(seq)
+            if params.needs_host_tokens:
+                self._num_sync_requests += 1
         self.requests[request_id] = seqs
         return seqs
 
@@ -131,12 +156,16 @@ class EngineCore:
         for seq in self.requests.pop(request_id, []):
             if not seq.is_finished:
                 self.scheduler.finish(seq)
+                if seq.params.needs_host_tokens:
+                    self._num_sync_requests -= 1
                 seq.finish_reason = "abort"
+                while seq.token_ids[-1] == PENDING:  # tokens still in flight are dropped
+                    seq.token_ids.pop()
                 outs.append(self._output(seq, [], None, ""))
         return outs
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._inflight is not None
 
     def reset_prefix_cache(self) -> None:
         self.block_manager.reset_prefix_cache()
@@ -155,42 +184,90 @@ class EngineCore:
         }
 
     # ---- the step ---------------------------------------------------------------------------
+    @torch.inference_mode()  # the runner's logits are inference tensors: the sampler edits them in place
     def step(self) -> list[StepOutput]:
+        """One engine step. On CUDA the step's sampled tokens stay on the device and are read back
+        during the next step (the GPU runs step N while the host finishes step N-1); requests that
+        need every token on the host before the next forward (grammars, penalties, processors,
+        logprobs) make the step synchronous."""
+        outputs: list[StepOutput] = []
+        sync = not self.overlap or self._num_sync_requests > 0
+        if sync and self._inflight is not None:
+            outputs += self._finish(self._inflight)
+            self._inflight = None
         batch = self.scheduler.schedule()
         if not batch:
-            return []
+            if self._inflight is not None:
+                outputs += self._finish(self._inflight)
+                self._inflight = None
+            return outputs
         self.num_steps += 1
         for seq in batch.seqs:
             if seq.constraint is None and seq.params.constraint is not None:
                 seq.constraint = seq.params.constraint.new()
-        logits, sampling = self.runner.execute(batch)
+        prev = self._inflight
+        logits, sampling = self.runner.execute(batch, prev.token_ids if prev is not None else None)
+        launched = self._sample(logits, [batch.seqs[i] for i in sampling]) if logits is not None else None
+        if prev is not None:
+            outputs += self._finish(prev)  # waits only for the previous step's tokens
+            self._inflight = None
         self.scheduler.after_step(batch)
-        if logits is None:
-            return []
-        seqs = [batch.seqs[i] for i in sampling]
-        raw = logits if any(s.params.logprobs is not None for s in seqs) else None
-        if raw is not None:
-            raw = raw.clone()
+        if launched is not None:
+            if sync:
+                outputs += self._finish(launched)
+            else:
+                self._inflight = launched
+        return outputs
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> _InFlight:
+        raw = logits.clone() if any(s.params.logprobs is not None for s in seqs) else None
         logits = self.sampler.process(logits, seqs)
         token_ids = self.sampler.sample(logits, seqs)
         lps = compute_logprobs(raw, token_ids, [s.params.logprobs for s in seqs]) if raw is not None else None
+        positions = []
+        for row, seq in enumerate(seqs):
+            positions.append(seq.num_tokens)
+            seq.append_token(PENDING)
+            seq.pending_row = row
+            p = seq.params
+            if (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or (
+                seq.num_tokens >= self.max_model_len
+            ):
+                seq.done_scheduling = True  # its last token is in flight
+        host = token_ids
+        event = None
+        if token_ids.device.type == "cuda":
+            host = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
+            host.copy_(token_ids, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        return _InFlight(seqs, positions, token_ids, host, event, lps)
+
+    def _finish(self, inflight: _InFlight) -> list[StepOutput]:
+        if inflight.event is not None:
+            inflight.event.synchronize()
         outputs = []
-        for i, (seq, tok) in enumerate(zip(seqs, token_ids.tolist(), strict=True)):
+        for i, (seq, pos, tok) in enumerate(
+            zip(inflight.seqs, inflight.positions, inflight.host_ids.tolist(), strict=True)
+        ):
+            if seq.is_finished:  # aborted, or stopped one step earlier: this token is not kept
+                continue
+            seq.token_ids[pos] = tok
             lp = None
-            if lps is not None and lps[i] is not None:
-                lp = TokenLogprob(tok, lps[i][0], lps[i][1])
+            if inflight.logprobs is not None and inflight.logprobs[i] is not None:
+                lp = TokenLogprob(tok, inflight.logprobs[i][0], inflight.logprobs[i][1])
                 seq.logprobs.append(lp)
-            outputs.append(self._append(seq, tok, lp))
+            outputs.append(self._accept(seq, pos, tok, lp))
         return outputs
 
-    def _append(self, seq: Sequence, tok: int, lp: TokenLogprob | None) -> StepOutput:
+    def _accept(self, seq: Sequence, pos: int, tok: int, lp: TokenLogprob | None) -> StepOutput:
         p = seq.params
         if seq.constraint is not None:
             seq.constraint.accept_token(tok)
-        seq.append_token(tok)
+        n_out = pos + 1 - seq.num_prompt_tokens  # output tokens up to this one
         before = len(seq.detok.text)
         reason = None
-        if not p.ignore_eos and tok in self.eos_token_ids and seq.num_output_tokens > p.min_tokens - 1:
+        if not p.ignore_eos and tok in self.eos_token_ids and n_out >= p.min_tokens:
             reason = "stop"
         elif tok in p.stop_token_ids:
             reason, seq.stop_reason = "stop", tok
@@ -202,15 +279,16 @@ class EngineCore:
         if reason is None:
             if seq.constraint is not None and seq.constraint.is_terminated():
                 reason = "stop"
-            elif (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or (
-                seq.num_tokens >= self.max_model_len
-            ):
+            elif (p.max_tokens is not None and n_out >= p.max_tokens) or pos + 1 >= self.max_model_len:
                 reason = "length"
         if reason is not None:
             if reason == "length":
                 seq.detok.flush()
+            del seq.token_ids[pos + 1 :]  # a token sampled after the stop is dropped
             seq.finish_reason = reason
             self.scheduler.finish(seq)
+            if seq.params.needs_host_tokens:
+                self._num_sync_requests -= 1
             if all(s.is_finished for s in self.requests.get(seq.request_id, [])):
                 self.requests.pop(seq.request_id, None)
         return self._output(seq, [tok], lp, seq.detok.delta(reason is not None))

@@ -10,6 +10,7 @@ import torch
 from engine.attention import AttentionMetadata
 from engine.config import EngineConfig
 from engine.scheduler import ScheduledBatch
+from engine.sequence import PENDING
 
 log = logging.getLogger("chatloom.engine")
 
@@ -68,7 +69,7 @@ class ModelRunner:
         return host_to_device(data, dtype, self.device)
 
     def prepare(
-        self, batch: ScheduledBatch
+        self, batch: ScheduledBatch, pending: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         bs = self.block_size
         input_ids: list[int] = []
@@ -76,9 +77,14 @@ class ModelRunner:
         slots: list[int] = []
         sample_rows: list[int] = []
         nd = batch.num_decodes
+        pending_at: list[int] = []  # batch positions whose token is still on the device
+        pending_rows: list[int] = []  # ... and its row in the previous step's sampled ids
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             start = seq.num_computed_tokens
             input_ids.extend(seq.token_ids[start : start + n])
+            if input_ids[-1] == PENDING:
+                pending_at.append(len(input_ids) - 1)
+                pending_rows.append(seq.pending_row)
             table = seq.block_table
             for p in range(start, start + n):
                 positions.append(p)
@@ -115,12 +121,19 @@ class ModelRunner:
                 [s.num_computed_tokens + q for s, q in zip(pre, q_lens, strict=True)], torch.int32
             )
             meta.prefill_max_q = max(q_lens)
-        return self._tensor(input_ids, torch.int64), self._tensor(positions, torch.int64), meta, sample_rows
+        ids = self._tensor(input_ids, torch.int64)
+        if pending_at:
+            if pending is None:
+                raise RuntimeError("a scheduled token is still in flight but no previous step was given")
+            ids[self._tensor(pending_at, torch.int64)] = pending[self._tensor(pending_rows, torch.int64)]
+        return ids, self._tensor(positions, torch.int64), meta, sample_rows
 
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> tuple[torch.Tensor | None, list[int]]:
+    def execute(
+        self, batch: ScheduledBatch, pending: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor | None, list[int]]:
         """Runs one step; returns (logits (num_sampling, vocab) float32, the batch indices that sample)."""
-        input_ids, positions, meta, sample_rows = self.prepare(batch)
+        input_ids, positions, meta, sample_rows = self.prepare(batch, pending)
         bs = len(batch.seqs)
         if (
             self.graphs is not None

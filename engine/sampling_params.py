@@ -85,5 +85,15 @@ class SamplingParams:
         return self.temperature < 1e-5
 
     @property
+    def needs_host_tokens(self) -> bool:
+        """Whether each sampled token must be on the host before the next forward is launched."""
+        return (
+            self.constraint is not None
+            or self.needs_penalties
+            or bool(self.logits_processors)
+            or self.logprobs is not None
+        )
+
+    @property
     def needs_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0

@@ -78,6 +78,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if seq.done_scheduling:
+                i += 1
+                continue
             n = min(seq.num_uncomputed_tokens, budget)
             while not self.bm.allocate(seq, seq.num_computed_tokens + n):
                 victim = self.running[-1]
@@ -97,7 +100,8 @@ class Scheduler:
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 seq = self.waiting[0]
                 constraint = seq.params.constraint
-                if constraint is not None and seq.constraint is None and not constraint.ready():
+                compiling = constraint is not None and seq.constraint is None and not constraint.ready()
+                if compiling or seq.done_scheduling:
                     skipped.append(self.waiting.popleft())  # grammar still compiling: let others pass
                     continue
                 hits = self.bm.match_prefix(seq.token_ids) if seq.num_computed_tokens == 0 else []
@@ -130,5 +134,7 @@ class Scheduler:
     def after_step(self, batch: ScheduledBatch) -> None:
         """Record the K/V the step computed; register newly full blocks for prefix reuse."""
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            if seq.is_finished:  # stopped while this step was in flight; its blocks are already free
+                continue
             seq.num_computed_tokens += n
             self.bm.commit_full_blocks(seq)

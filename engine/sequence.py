@@ -18,6 +18,8 @@ class SequenceStatus(enum.Enum):
 
 _ids = itertools.count()
 
+PENDING = -1  # placeholder for a sampled token whose value is still on the device
+
 
 class Sequence:
     def __init__(
@@ -46,6 +48,8 @@ class Sequence:
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         self.num_preemptions = 0
+        self.pending_row = -1  # row of its last token in the in-flight step's sampled ids
+        self.done_scheduling = False  # its final token is in flight: never scheduled again
         # owned by other layers; kept here so a request is one object
         self.detok: Any = None
         self.constraint: Any = None
