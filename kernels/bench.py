@@ -27,7 +27,8 @@ NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, HIDDEN, INTERMEDIATE, VOCAB = 16, 8, 128, 102
 BLOCK_SIZE = 16
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 KERNELS = [
-    "decode", "prefill", "store_kv", "rms_norm", "fused_add_rms_norm", "rope", "silu_and_mul", "bitmask",
+    "decode", "prefill", "store_kv", "rms_norm", "fused_add_rms_norm", "rope", "qk_norm_rope_store",
+    "silu_and_mul", "bitmask",
 ]  # fmt: skip
 
 
@@ -230,6 +231,39 @@ def build_cases(dtype, device, tiny: bool, only: set[str]) -> list[Case]:
                 "rope", f"{n} tokens, qkv view", lambda q=q, k=k, p=pos, cs=cos_sin: apply_rope(q, k, p, cs),
                 lambda q=q, k=k, p=pos, cs=cos_sin: ref.apply_rope(q, k, p, cs),
                 2 * n * (NUM_HEADS + NUM_KV_HEADS) * HEAD_DIM * elt + n * HEAD_DIM * 4, check=check,
+            ))  # fmt: skip
+        if "qk_norm_rope_store" in only:
+            from kernels.qk_norm_rope import qk_norm_rope_store_kv
+
+            qkv = _randn(n, NUM_HEADS + 2 * NUM_KV_HEADS, HEAD_DIM, dtype=dtype, device=device)
+            q, k = qkv[:, :NUM_HEADS], qkv[:, NUM_HEADS : NUM_HEADS + NUM_KV_HEADS]
+            v = qkv[:, NUM_HEADS + NUM_KV_HEADS :]
+            inv_freq = 1.0 / (1_000_000 ** (torch.arange(0, HEAD_DIM, 2, device=device).float() / HEAD_DIM))
+            cos_sin = ref.rope_cos_sin(inv_freq, 8192)
+            pos = torch.randint(0, 8192, (n,), device=device)
+            nw = [_randn(HEAD_DIM, dtype=dtype, device=device) for _ in range(2)]
+            nb = n // BLOCK_SIZE + 2
+            kc = torch.zeros(nb, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, dtype=dtype, device=device)
+            vc = torch.zeros_like(kc)
+            slots = torch.randperm(nb * BLOCK_SIZE, device=device)[:n]
+            args = (nw[0], nw[1], 1e-6, pos, cos_sin, kc, vc, slots)
+
+            def check(q=q, k=k, v=v, args=args):
+                eq, ek = ref.qk_norm_rope_store_kv(q, k, v, *args)
+                gq, gk = qk_norm_rope_store_kv(q.clone(), k.clone(), v, *args)
+                return max(_err(gq, eq), _err(gk, ek))
+
+            def unfused(q=q, k=k, v=v, w=nw, pos=pos, cs=cos_sin, kc=kc, vc=vc, s=slots):
+                # the four launches it replaces, on the Triton kernels
+                qn = rms_norm(q.reshape(-1, HEAD_DIM), w[0], 1e-6)
+                kn = rms_norm(k.reshape(-1, HEAD_DIM), w[1], 1e-6)
+                qr, kr = apply_rope(qn.view(q.shape), kn.view(k.shape), pos, cs)
+                store_kv(kr, v, kc, vc, s)
+
+            cases.append(Case(
+                "qk_norm_rope_store", f"{n} tokens (vs 4 triton)",
+                lambda q=q, k=k, v=v, args=args: qk_norm_rope_store_kv(q, k, v, *args), unfused,
+                2 * n * (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM * elt, check=check,
             ))  # fmt: skip
         if "silu_and_mul" in only:
             gu = _randn(n, 2 * INTERMEDIATE, dtype=dtype, device=device)

@@ -5,10 +5,13 @@ this module never imports triton: the kernel modules are imported on the first C
 engine runs on a machine without triton.
 
 Differences of the Triton path that callers must respect (the references are pure functions):
-- `fused_add_rms_norm` and `apply_rope` work IN PLACE on CUDA: both inputs are overwritten and returned.
-  Always use the returned tensors and treat the inputs as consumed.
-- `paged_attention` takes `max_seqlen_q` (python int) to size its grid; without it, it is read from
-  cu_seqlens_q with a host sync (fine for prefill, not inside a CUDA graph).
+- `fused_add_rms_norm`, `apply_rope` and `qk_norm_rope_store_kv` work IN PLACE on CUDA: their two
+  tensor inputs are overwritten and returned. Always use the returned tensors; the inputs are consumed.
+- `paged_attention` takes `max_seqlen_q` (python int) to size its grid; without it (or 0), it is read
+  from cu_seqlens_q with a host sync (fine for prefill, not inside a CUDA graph). A value below the
+  true longest q_len silently leaves the excess query rows unwritten.
+- `qk_norm_rope_store_kv` (not a reference kernel of the first list) replaces q_norm + k_norm +
+  apply_rope + store_kv: one launch instead of four per layer, for launch-bound decode steps.
 - `decode_attention` takes `out`, `max_seq_len`, `num_splits` (python ints) and is CUDA-graph safe;
   see kernels.paged_attention.paged_decode_attention. A sequence of length 0 yields zeros (the
   reference yields NaN).
@@ -81,7 +84,7 @@ def paged_attention(
         )
     from kernels.paged_attention import paged_prefill_attention
 
-    if max_seqlen_q is None:
+    if not max_seqlen_q:  # unknown (None, or a metadata default of 0): one host sync
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if seq_lens.numel() else 0
     return paged_prefill_attention(
         q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max_seqlen_q, scale,
@@ -158,6 +161,35 @@ def apply_rope(
     from kernels.rope import apply_rope as triton_rope
 
     return triton_rope(q, k, positions, cos_sin.contiguous())
+
+
+def qk_norm_rope_store_kv(
+    q: torch.Tensor,  # (num_tokens, num_heads, head_dim)
+    k: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
+    v: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
+    q_norm_weight: torch.Tensor | None,  # (head_dim,): Qwen3's per-head norm; None skips the norm
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+    positions: torch.Tensor,  # (num_tokens,) int
+    cos_sin: torch.Tensor,  # (max_positions, head_dim) float32
+    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # (num_tokens,) int; < 0 = padding
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q/k norm + RoPE + store_kv in one launch on CUDA; returns rotated (q, k), IN PLACE on CUDA."""
+    fits = q_norm_weight is None or (q_norm_weight.dtype == q.dtype and k_norm_weight.dtype == q.dtype)
+    if not use_triton(q) or not fits:
+        return ref.qk_norm_rope_store_kv(
+            q, k, v, q_norm_weight, k_norm_weight, eps, positions, cos_sin, k_cache, v_cache, slot_mapping
+        )
+    from kernels.qk_norm_rope import qk_norm_rope_store_kv as triton_fused
+
+    if q_norm_weight is not None:
+        q_norm_weight, k_norm_weight = q_norm_weight.contiguous(), k_norm_weight.contiguous()
+    return triton_fused(
+        q, k, v, q_norm_weight, k_norm_weight, eps, positions, cos_sin.contiguous(), k_cache, v_cache,
+        slot_mapping,
+    )  # fmt: skip
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

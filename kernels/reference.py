@@ -180,3 +180,28 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     bits = torch.arange(32, device=bitmask.device, dtype=torch.int32)
     allowed = ((bitmask[:, :, None] >> bits) & 1).bool().reshape(b, -1)[:, :vocab]
     logits.masked_fill_(~allowed, float("-inf"))
+
+
+def qk_norm_rope_store_kv(
+    q: torch.Tensor,  # (num_tokens, num_heads, head_dim)
+    k: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
+    v: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
+    q_norm_weight: torch.Tensor | None,  # (head_dim,): Qwen3's per-head RMSNorm; None for Llama/Qwen2
+    k_norm_weight: torch.Tensor | None,  # (head_dim,)
+    eps: float,
+    positions: torch.Tensor,  # (num_tokens,) int64
+    cos_sin: torch.Tensor,  # (max_positions, head_dim) float32
+    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # (num_tokens,); < 0 = padding, not written
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Everything between the qkv projection and attention: optional per-head q/k RMSNorm, RoPE, and
+    the new K/V written into the cache. Returns the rotated (q, k)."""
+    if (q_norm_weight is None) != (k_norm_weight is None):
+        raise ValueError("q_norm_weight and k_norm_weight go together")
+    if q_norm_weight is not None:
+        q = rms_norm(q.reshape(-1, q.shape[-1]), q_norm_weight, eps).view(q.shape)
+        k = rms_norm(k.reshape(-1, k.shape[-1]), k_norm_weight, eps).view(k.shape)
+    q, k = apply_rope(q, k, positions, cos_sin)
+    store_kv(k, v, k_cache, v_cache, slot_mapping)
+    return q, k

@@ -93,3 +93,38 @@ def test_gpu_pointwise(dtype):
     _check_rms(dtype, "cuda", 1024)
     _check_rope(dtype, "cuda", 16, 8, 128)
     _check_silu(dtype, "cuda", 3072)
+
+
+def _check_qk_norm_rope_store(dtype, device, h, hk, d, with_norm):
+    from kernels.qk_norm_rope import qk_norm_rope_store_kv
+
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    cos_sin = ref.rope_cos_sin(inv_freq, 64).to(device)
+    qkv = _randn(6, h + 2 * hk, d, dtype=dtype, device=device) * 2
+    q, k, v = qkv[:, :h], qkv[:, h : h + hk], qkv[:, h + hk :]  # strided views of a fused qkv output
+    qw = _randn(d, dtype=dtype, device=device, seed=4) if with_norm else None
+    kw = _randn(d, dtype=dtype, device=device, seed=5) if with_norm else None
+    pos = torch.tensor([0, 3, 63, 7, 8, 9], device=device)
+    slots = torch.tensor([5, -1, 0, 31, 17, -1], device=device)
+    caches = [_randn(2, 16, hk, d, dtype=dtype, device=device, seed=s) for s in (6, 7)]
+    expect_caches = [c.clone() for c in caches]
+    exp_q, exp_k = ref.qk_norm_rope_store_kv(
+        q.clone(), k.clone(), v, qw, kw, EPS, pos, cos_sin, *expect_caches, slots
+    )
+    out_q, out_k = qk_norm_rope_store_kv(q, k, v, qw, kw, EPS, pos, cos_sin, *caches, slots)
+    assert out_q.data_ptr() == q.data_ptr()  # in place
+    assert max_err(out_q, exp_q) < ATOL[dtype] and max_err(out_k, exp_k) < ATOL[dtype]
+    assert max_err(caches[0], expect_caches[0]) < ATOL[dtype]
+    assert torch.equal(caches[1], expect_caches[1])  # v is copied as is
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("with_norm", [True, False])
+def test_qk_norm_rope_store(dtype, with_norm):
+    _check_qk_norm_rope_store(dtype, "cpu", 4, 2, 16, with_norm)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@gpu
+def test_gpu_qk_norm_rope_store(dtype):
+    _check_qk_norm_rope_store(dtype, "cuda", 16, 8, 128, True)

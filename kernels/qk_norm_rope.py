@@ -1,0 +1,135 @@
+"""Fused pre-attention step: per-head q/k RMSNorm (Qwen3), RoPE and the K/V cache write, one launch
+instead of four (matches reference.qk_norm_rope_store_kv). Decode steps are launch-bound, so this is
+28 layers x 3 launches fewer per step for Qwen3."""
+
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+
+from kernels._jit import kernel, next_pow2
+
+
+@kernel
+def _qk_norm_rope_store_kernel(
+    q_ptr,  # (num_tokens, num_heads, head_dim), last dim contiguous; rotated in place
+    k_ptr,  # (num_tokens, num_kv_heads, head_dim), last dim contiguous; rotated in place
+    v_ptr,  # (num_tokens, num_kv_heads, head_dim), last dim contiguous
+    qw_ptr,  # (head_dim,) q norm weight; unused unless HAS_NORM
+    kw_ptr,  # (head_dim,)
+    pos_ptr,  # (num_tokens,) int
+    cs_ptr,  # (max_positions, head_dim) float32: [cos | sin]
+    k_cache_ptr,  # (num_slots, num_kv_heads, head_dim) contiguous
+    v_cache_ptr,
+    slot_ptr,  # (num_tokens,) int; < 0 = padding
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    eps,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + tok).to(tl.int64)
+    j = tl.arange(0, BLOCK_HALF)
+    jm = j < HALF
+    cos = tl.load(cs_ptr + pos * (2 * HALF) + j, mask=jm, other=0.0)[None, :]  # (1, BLOCK_HALF)
+    sin = tl.load(cs_ptr + pos * (2 * HALF) + HALF + j, mask=jm, other=0.0)[None, :]
+    h = tl.arange(0, BLOCK_H)
+    dt = q_ptr.dtype.element_ty
+
+    # ---- q: norm over each head's full head_dim (two halves), round like torch, rotate
+    qm = (h[:, None] < NUM_HEADS) & jm[None, :]
+    q1p = q_ptr + tok * stride_qt + h[:, None] * stride_qh + j[None, :]  # (BLOCK_H, BLOCK_HALF)
+    q1 = tl.load(q1p, mask=qm, other=0.0).to(tl.float32)
+    q2 = tl.load(q1p + HALF, mask=qm, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        rstd = 1.0 / tl.sqrt((tl.sum(q1 * q1, axis=1) + tl.sum(q2 * q2, axis=1)) / (2 * HALF) + eps)
+        w1 = tl.load(qw_ptr + j, mask=jm, other=0.0).to(tl.float32)[None, :]
+        w2 = tl.load(qw_ptr + HALF + j, mask=jm, other=0.0).to(tl.float32)[None, :]
+        q1 = (w1 * (q1 * rstd[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        q2 = (w2 * (q2 * rstd[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    tl.store(q1p, (q1 * cos - q2 * sin).to(dt), mask=qm)
+    tl.store(q1p + HALF, (q2 * cos + q1 * sin).to(dt), mask=qm)
+
+    # ---- k: same, then k and v into the cache slot
+    km = (h[:, None] < NUM_KV_HEADS) & jm[None, :]
+    k1p = k_ptr + tok * stride_kt + h[:, None] * stride_kh + j[None, :]
+    k1 = tl.load(k1p, mask=km, other=0.0).to(tl.float32)
+    k2 = tl.load(k1p + HALF, mask=km, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        rstd_k = 1.0 / tl.sqrt((tl.sum(k1 * k1, axis=1) + tl.sum(k2 * k2, axis=1)) / (2 * HALF) + eps)
+        u1 = tl.load(kw_ptr + j, mask=jm, other=0.0).to(tl.float32)[None, :]
+        u2 = tl.load(kw_ptr + HALF + j, mask=jm, other=0.0).to(tl.float32)[None, :]
+        k1 = (u1 * (k1 * rstd_k[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        k2 = (u2 * (k2 * rstd_k[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    r1 = (k1 * cos - k2 * sin).to(dt)
+    r2 = (k2 * cos + k1 * sin).to(dt)
+    tl.store(k1p, r1, mask=km)
+    tl.store(k1p + HALF, r2, mask=km)
+    slot = tl.load(slot_ptr + tok).to(tl.int64)
+    if slot >= 0:
+        dst = slot * (NUM_KV_HEADS * 2 * HALF) + h[:, None] * (2 * HALF) + j[None, :]  # (BLOCK_H, BLOCK_HALF)
+        ct = k_cache_ptr.dtype.element_ty
+        tl.store(k_cache_ptr + dst, r1.to(ct), mask=km)
+        tl.store(k_cache_ptr + dst + HALF, r2.to(ct), mask=km)
+        v1p = v_ptr + tok * stride_vt + h[:, None] * stride_vh + j[None, :]
+        tl.store(v_cache_ptr + dst, tl.load(v1p, mask=km).to(ct), mask=km)
+        tl.store(v_cache_ptr + dst + HALF, tl.load(v1p + HALF, mask=km).to(ct), mask=km)
+
+
+def qk_norm_rope_store_kv(
+    q: torch.Tensor,  # (num_tokens, num_heads, head_dim)
+    k: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
+    v: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
+    q_norm_weight: torch.Tensor | None,  # (head_dim,) or None (no q/k norm)
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+    positions: torch.Tensor,  # (num_tokens,) int
+    cos_sin: torch.Tensor,  # (max_positions, head_dim) float32
+    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # (num_tokens,) int; < 0 = padding
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """IN PLACE on q and k (strided views of the qkv output are fine); returns (q, k)."""
+    if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape or q.shape[::2] != k.shape[::2]:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit")
+    n, h, d = q.shape
+    hk = k.shape[1]
+    if d % 2 or q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        raise ValueError("head_dim must be even, q/k/v with a contiguous last dim")
+    if k.dtype != q.dtype:
+        raise ValueError("q and k must share a dtype")
+    if (q_norm_weight is None) != (k_norm_weight is None):
+        raise ValueError("q_norm_weight and k_norm_weight go together")
+    if q_norm_weight is not None:
+        for w in (q_norm_weight, k_norm_weight):
+            if w.shape != (d,) or not w.is_contiguous() or w.dtype != q.dtype:
+                raise ValueError(f"norm weights must be contiguous ({d},) of q's dtype")
+    if cos_sin.dim() != 2 or cos_sin.shape[1] != d or cos_sin.dtype != torch.float32:
+        raise ValueError(f"cos_sin must be (max_positions, {d}) float32")
+    if not cos_sin.is_contiguous():
+        raise ValueError("cos_sin must be contiguous")
+    if k_cache.dim() != 4 or k_cache.shape[2:] != (hk, d) or v_cache.shape != k_cache.shape:
+        raise ValueError(f"cache shape {tuple(k_cache.shape)} does not fit k {tuple(k.shape)}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("k_cache and v_cache must be contiguous")
+    if positions.shape != (n,) or slot_mapping.shape != (n,):
+        raise ValueError(f"positions and slot_mapping must be ({n},)")
+    if n:
+        has_norm = q_norm_weight is not None
+        _qk_norm_rope_store_kernel[(n,)](
+            q, k, v, q_norm_weight if has_norm else cos_sin, k_norm_weight if has_norm else cos_sin,
+            positions, cos_sin, k_cache, v_cache, slot_mapping,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), eps,
+            NUM_HEADS=h, NUM_KV_HEADS=hk, HALF=d // 2, BLOCK_H=next_pow2(max(h, hk)),
+            BLOCK_HALF=next_pow2(d // 2), HAS_NORM=has_norm,
+        )  # fmt: skip
+    return q, k
