@@ -18,6 +18,65 @@ from kernels._jit import is_interpreting, kernel, next_pow2
 LOG2E = 1.4426950408889634
 
 
+@triton.jit
+def _prefill_tile(
+    q,  # (BLOCK_M, BLOCK_D)
+    acc,  # (BLOCK_M, BLOCK_D) float32, unnormalized output
+    m_i,  # (BLOCK_M,) running max of the base-2 scores
+    l_i,  # (BLOCK_M,) running sum of exp2(score - m_i)
+    k_cache_ptr,
+    v_cache_ptr,
+    bt_row,  # this sequence's block-table row
+    start,  # first key position of the tile
+    hi,  # keys >= hi are out of range
+    q_pos,  # (BLOCK_M,) query positions
+    kvh,
+    d,
+    d_mask,
+    scale_log2,
+    slope,  # ALiBi slope * log2(e) of this head
+    window,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,  # False: every key of the tile is in range and visible to every row
+    HAS_WINDOW: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """One BLOCK_N tile of keys folded into the online softmax (a helper: interpreted or compiled with
+    its caller, see kernels._jit)."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    if MASKED:
+        n_mask = offs_n < hi
+        blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+    else:
+        blk = tl.load(bt_row + offs_n // BLOCK_SIZE).to(tl.int64)
+        kv_mask = d_mask[None, :]
+    slot = blk * BLOCK_SIZE + offs_n % BLOCK_SIZE  # (BLOCK_N,)
+    kv_off = slot[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d[None, :]  # (BLOCK_N, BLOCK_D)
+    k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale_log2  # (BLOCK_M, BLOCK_N)
+    if HAS_ALIBI:
+        s += slope * (offs_n[None, :] - q_pos[:, None]).to(tl.float32)
+    if MASKED:
+        allowed = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        if HAS_WINDOW:
+            allowed = allowed & (offs_n[None, :] > q_pos[:, None] - window)
+        s = tl.where(allowed, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    # rows with nothing allowed yet keep m = -inf; subtract 0 there to avoid inf - inf
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    return acc, m_new, l_i
+
+
 @kernel
 def _prefill_kernel(
     q_ptr,  # (num_tokens, num_heads, head_dim), last dim contiguous
@@ -74,6 +133,7 @@ def _prefill_kernel(
     if HAS_WINDOW:
         lo = tl.maximum(ctx - q_len + mb * BLOCK_M - window + 1, 0)
         lo = (lo // BLOCK_N) * BLOCK_N
+    slope = 0.0
     if HAS_ALIBI:
         slope = tl.load(alibi_ptr + head).to(tl.float32) * 1.4426950408889634
 
@@ -81,30 +141,22 @@ def _prefill_kernel(
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for start in range(lo, hi, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < hi
-        blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        slot = blk * BLOCK_SIZE + offs_n % BLOCK_SIZE  # (BLOCK_N,)
-        kv_off = slot[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d[None, :]  # (BLOCK_N, BLOCK_D)
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale_log2  # (BLOCK_M, BLOCK_N)
-        allowed = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
-        if HAS_WINDOW:
-            allowed = allowed & (offs_n[None, :] > q_pos[:, None] - window)
-        if HAS_ALIBI:
-            s += slope * (offs_n[None, :] - q_pos[:, None]).to(tl.float32)
-        s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        # rows with nothing allowed yet keep m = -inf; subtract 0 there to avoid inf - inf
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
+    # keys before the tile's first query are visible to every row: no mask there (without a window)
+    mid = lo
+    if not HAS_WINDOW:
+        mid = ((ctx - q_len + mb * BLOCK_M + 1) // BLOCK_N) * BLOCK_N
+        for start in range(lo, mid, BLOCK_N):
+            acc, m_i, l_i = _prefill_tile(
+                q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, hi, q_pos, kvh, d, d_mask,
+                scale_log2, slope, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
+                False, HAS_WINDOW, HAS_ALIBI, DOT_PREC,
+            )  # fmt: skip
+    for start in range(mid, hi, BLOCK_N):
+        acc, m_i, l_i = _prefill_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, hi, q_pos, kvh, d, d_mask,
+            scale_log2, slope, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
+            True, HAS_WINDOW, HAS_ALIBI, DOT_PREC,
+        )  # fmt: skip
 
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(
@@ -245,7 +297,7 @@ def _decode_reduce_kernel(
 # units (no TF32) and needs 8 warps to hold its tiles in registers.
 PREFILL_CONFIGS = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
     "16bit": (64, 64, 4, 3),
-    "fp32": (32, 32, 8, 2),
+    "fp32": (32, 16, 8, 2),
     "interpret": (16, 16, 4, 1),
 }
 DECODE_CONFIGS = {  # (BLOCK_N, num_warps, num_stages)
