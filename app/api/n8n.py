@@ -1,6 +1,7 @@
 """n8n's chat protocol: what the Chat Trigger's clients and the @n8n/chat widget speak.
 
-POST /webhook/{assistant_id}/chat with JSON, form or multipart bodies:
+POST /webhook/{assistant_id}/chat with JSON, form or multipart bodies (or GET with the same fields
+as query parameters, as the widget sends them when its webhookConfig.method is "GET"):
     {"action": "sendMessage", "sessionId": "...", "chatInput": "...", "metadata": {...}}
         -> {"output": "..."}, or NDJSON lines when Accept asks for text/plain or
            application/x-ndjson (the widget with streaming on):
@@ -53,9 +54,15 @@ def _setting(request: Request, name: str, default: str) -> str:
 
 
 async def _read_body(request: Request) -> dict[str, Any]:
+    if request.method == "GET":  # the widget with webhookConfig.method "GET": fields in the query
+        body: dict[str, Any] = dict(request.query_params)
+        if isinstance(body.get("metadata"), str):
+            with contextlib.suppress(ValueError):
+                body["metadata"] = json.loads(body["metadata"])
+        return body
     ctype = request.headers.get("content-type", "")
     if ctype.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
-        body: dict[str, Any] = {}
+        body = {}
         files = []
         async with request.form() as form:  # closes the spooled upload files
             for key, value in form.multi_items():
@@ -96,7 +103,7 @@ def _user_text(text: str, files: list[dict]) -> str:
     return f"{text}\n\n[Attached files: {names}]"
 
 
-@router.post("/webhook/{assistant_id}/chat")
+@router.api_route("/webhook/{assistant_id}/chat", methods=["POST", "GET"])
 async def chat(assistant_id: str, request: Request, db: DB, http: HTTP):
     session_key = request.query_params.get("sessionKey") or _setting(request, "n8n_session_key", "sessionId")
     input_key = request.query_params.get("inputKey") or _setting(request, "n8n_input_key", "chatInput")

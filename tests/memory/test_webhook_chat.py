@@ -189,3 +189,15 @@ async def test_ndjson_streams_over_real_http(tmp_path, fake_engine):
     finally:
         server.should_exit = True
         await task
+
+
+async def test_widget_get_mode(db_url, fake_engine):
+    """@n8n/chat with webhookConfig.method "GET" sends the same fields as query parameters."""
+    fake_engine.say("Over GET.")
+    async with running_app(make_settings(db_url), fake_engine) as client:
+        r = await client.get("/webhook/default/chat",
+                             params={"action": "sendMessage", "sessionId": "g", "chatInput": "hi"})
+        assert r.json() == {"output": "Over GET."}
+        r = await client.get("/webhook/default/chat",
+                             params={"action": "loadPreviousSession", "sessionId": "g"})
+        assert [d["kwargs"]["content"] for d in r.json()["data"]] == ["hi", "Over GET."]
