@@ -82,7 +82,9 @@ def _prefill_kernel(
     q_ptr,  # (num_tokens, num_heads, head_dim), last dim contiguous
     k_cache_ptr,  # (num_blocks * block_size, num_kv_heads, head_dim) contiguous
     v_cache_ptr,
-    out_ptr,  # (num_tokens, num_heads, head_dim), last dim contiguous
+    out_ptr,  # (num_tokens, num_heads, head_dim), last dim contiguous; written only if NUM_SPLITS == 1
+    part_out_ptr,  # (num_tokens, num_heads, NUM_SPLITS, head_dim) float32, normalized per split
+    part_lse_ptr,  # (num_tokens, num_heads, NUM_SPLITS) float32, log2-sum-exp2 per split
     block_tables_ptr,  # (batch, max_blocks) int32, row stride stride_bt
     cu_q_ptr,  # (batch + 1,) int32
     seq_lens_ptr,  # (batch,) int32
@@ -101,13 +103,15 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr,  # query tokens per program
     BLOCK_N: tl.constexpr,  # key positions per tile
     BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,  # > 1: split-K over the tile's keys (few query tiles, long contexts)
     HAS_WINDOW: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
     mb = tl.program_id(0)
     seq = tl.program_id(1)
-    head = tl.program_id(2)
+    head = tl.program_id(2) // NUM_SPLITS
+    split = tl.program_id(2) % NUM_SPLITS
     q_start = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_start
     if mb * BLOCK_M >= q_len:
@@ -141,10 +145,14 @@ def _prefill_kernel(
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    if NUM_SPLITS > 1:  # this program's share of [lo, hi), in whole tiles
+        per_split = tl.cdiv(tl.cdiv(hi - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        lo = lo + split * per_split
+        hi = tl.minimum(lo + per_split, hi)
     # keys before the tile's first query are visible to every row: no mask there (without a window)
     mid = lo
     if not HAS_WINDOW:
-        mid = ((ctx - q_len + mb * BLOCK_M + 1) // BLOCK_N) * BLOCK_N
+        mid = tl.minimum(tl.maximum(((ctx - q_len + mb * BLOCK_M + 1) // BLOCK_N) * BLOCK_N, lo), hi)
         for start in range(lo, mid, BLOCK_N):
             acc, m_i, l_i = _prefill_tile(
                 q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, hi, q_pos, kvh, d, d_mask,
@@ -159,11 +167,15 @@ def _prefill_kernel(
         )  # fmt: skip
 
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    tl.store(
-        out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + d[None, :],
-        o.to(out_ptr.dtype.element_ty),
-        mask=m_mask[:, None] & d_mask[None, :],
-    )
+    md_mask = m_mask[:, None] & d_mask[None, :]
+    if NUM_SPLITS == 1:
+        out_ptrs = out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + d[None, :]
+        tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=md_mask)
+    else:
+        row = (q_rows * (NUM_KV_HEADS * GROUP) + head) * NUM_SPLITS + split  # (BLOCK_M,)
+        tl.store(part_out_ptr + row[:, None] * HEAD_DIM + d[None, :], o, mask=md_mask)
+        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(tl.where(l_i == 0.0, 1.0, l_i)))
+        tl.store(part_lse_ptr + row, lse, mask=m_mask)
 
 
 @kernel
@@ -362,9 +374,15 @@ def paged_prefill_attention(
     sliding_window: int | None = None,
     alibi_slopes: torch.Tensor | None = None,  # (num_heads,)
     out: torch.Tensor | None = None,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
     """Same semantics as reference.paged_attention: each sequence's q_len new tokens are the last q_len
-    positions of its context (cached prefix, chunked prefill and decode are all special cases)."""
+    positions of its context (cached prefix, chunked prefill and decode are all special cases).
+
+    Grid (query tiles, batch, heads x splits). With few query tiles and a long context the keys are split
+    (`num_splits`, else chosen from `max_seq_len` or the block table's capacity, python ints) and a reduce
+    kernel merges the splits, as in decode. No host sync; CUDA-graph safe."""
     if q.dim() != 3:
         raise ValueError(f"q must be (num_tokens, num_heads, head_dim), got {tuple(q.shape)}")
     _check_cache(q, k_cache, v_cache, block_tables)
@@ -382,16 +400,48 @@ def paged_prefill_attention(
     if n == 0 or batch == 0 or max_seqlen_q <= 0:
         return out
     block_m, block_n, warps, stages = PREFILL_CONFIGS[_config_key(q)]
-    grid = (triton.cdiv(max_seqlen_q, block_m), batch, h)
-    _prefill_kernel[grid](
-        q, k_cache, v_cache, out, block_tables, cu_seqlens_q, seq_lens, _alibi(alibi_slopes, h, q),
-        scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        _window(sliding_window),
+    q_blocks = triton.cdiv(max_seqlen_q, block_m)
+    if num_splits is None:
+        bound = max_seq_len if max_seq_len is not None else block_tables.shape[1] * bs
+        num_splits = choose_prefill_splits(q_blocks * batch * h, bound, _sm_count(q.device))
+    num_splits = int(num_splits)
+    if not 1 <= num_splits <= 256:
+        raise ValueError("num_splits must be in [1, 256]")
+    if num_splits > 1:
+        part_out = torch.empty((n, h, num_splits, d), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((n, h, num_splits), dtype=torch.float32, device=q.device)
+    else:
+        part_out = part_lse = out
+    _prefill_kernel[(q_blocks, batch, h * num_splits)](
+        q, k_cache, v_cache, out, part_out, part_lse, block_tables, cu_seqlens_q, seq_lens,
+        _alibi(alibi_slopes, h, q), scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        block_tables.stride(0), _window(sliding_window),
         NUM_KV_HEADS=hk, GROUP=h // hk, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=next_pow2(d), HAS_WINDOW=sliding_window is not None, HAS_ALIBI=alibi_slopes is not None,
-        DOT_PREC=_dot_precision(q.dtype), num_warps=warps, num_stages=stages,
+        BLOCK_D=next_pow2(d), NUM_SPLITS=num_splits, HAS_WINDOW=sliding_window is not None,
+        HAS_ALIBI=alibi_slopes is not None, DOT_PREC=_dot_precision(q.dtype), num_warps=warps,
+        num_stages=stages,
     )  # fmt: skip
+    if num_splits > 1:
+        _decode_reduce_kernel[(n, h)](
+            part_out, part_lse, out, out.stride(0), out.stride(1),
+            NUM_HEADS=h, HEAD_DIM=d, NUM_SPLITS=num_splits, BLOCK_S=next_pow2(num_splits),
+            BLOCK_D=next_pow2(d), num_warps=4,
+        )  # fmt: skip
     return out
+
+
+PREFILL_MIN_KEYS_PER_SPLIT = 512
+PREFILL_MAX_SPLITS = 16
+
+
+def choose_prefill_splits(programs: int, max_seq_len: int, num_sms: int) -> int:
+    """Split-K only when the (query tile, sequence, head) programs leave SMs idle, e.g. a short extend
+    after a long cached prefix (a chat turn): then ~2 waves, each split >= 512 keys."""
+    if programs >= num_sms:
+        return 1
+    want = triton.cdiv(2 * num_sms, max(1, programs))
+    useful = triton.cdiv(max(1, max_seq_len), PREFILL_MIN_KEYS_PER_SPLIT)
+    return max(1, min(want, useful, PREFILL_MAX_SPLITS))
 
 
 _SM_COUNT: dict[int, int] = {}

@@ -43,7 +43,8 @@ def _launches(dtype: torch.dtype):
     q, kc, vc, bt, cu, sl = make_paged([300, 64], [100, 1], 16, 8, 128, 16, dtype)
     with record_launches() as launches:
         for window, slopes in ((None, None), (64, alibi_slopes(16))):
-            paged_prefill_attention(q, kc, vc, bt, cu, sl, 100, 0.1, window, slopes)
+            for splits in (1, 4):
+                paged_prefill_attention(q, kc, vc, bt, cu, sl, 100, 0.1, window, slopes, num_splits=splits)
             for splits in (1, 16):
                 paged_decode_attention(q[:2], kc, vc, bt, sl, 0.1, window, slopes, num_splits=splits)
         if dtype != torch.float32:

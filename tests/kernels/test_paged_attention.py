@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from kernels import reference as ref
-from kernels.paged_attention import choose_num_splits, paged_decode_attention, paged_prefill_attention
+from kernels.paged_attention import (
+    choose_num_splits,
+    choose_prefill_splits,
+    paged_decode_attention,
+    paged_prefill_attention,
+)
 from tests.kernels.paged import ATOL, GPU_ATOL, alibi_slopes, gpu, make_paged, max_err
 
 H, HK, D = 4, 2, 16  # GQA: 2 query heads per KV head
@@ -44,6 +49,28 @@ def test_prefill_matches_reference(dtype, block_size, case):
 def test_prefill_window_and_alibi(dtype, window, alibi):
     out, args = _prefill(dtype, 16, "cached_prefix", window, alibi)
     assert max_err(out, ref.paged_attention(*args)) < ATOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("case", "window", "alibi", "num_splits"), [
+    ("cached_prefix", None, False, 2), ("chunked_mixed", None, False, 5), ("fresh", None, True, 3),
+    ("cached_prefix", 11, False, 3),
+])  # fmt: skip
+def test_prefill_split_k(dtype, case, window, alibi, num_splits):
+    # a short extend after a long cached prefix: keys split over programs, merged by the reduce kernel
+    ctx, qlens = PREFILL_CASES[case]
+    q, kc, vc, bt, cu, sl = make_paged(ctx, qlens, H, HK, D, 16, dtype)
+    slopes = alibi_slopes(H) if alibi else None
+    out = paged_prefill_attention(q, kc, vc, bt, cu, sl, max(qlens), SCALE, window, slopes,
+                                  num_splits=num_splits)  # fmt: skip
+    expect = ref.paged_attention(q, kc, vc, bt, cu, sl, SCALE, window, slopes)
+    assert max_err(out, expect) < ATOL[dtype]
+
+
+def test_choose_prefill_splits():
+    assert choose_prefill_splits(32, 3764, 132) == 8  # M1's turn 10: 2 query tiles x 16 heads
+    assert choose_prefill_splits(1024, 4096, 132) == 1  # enough programs already
+    assert choose_prefill_splits(32, 300, 132) == 1  # short context: nothing to split
 
 
 def test_prefill_mha_and_wide_groups():
@@ -141,14 +168,15 @@ def _fp32_args(args):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize(("window", "alibi"), [(None, False), (100, False), (None, True)])
+@pytest.mark.parametrize("splits", [None, 1, 4])
 @pytest.mark.usefixtures("no_tf32")
 @gpu
-def test_gpu_prefill(dtype, block_size, window, alibi):
+def test_gpu_prefill(dtype, block_size, window, alibi, splits):
     ctx, qlens = [300, 513, 128, 77], [300, 130, 1, 64]
     q, kc, vc, bt, cu, sl = make_paged(ctx, qlens, GPU_H, GPU_HK, GPU_D, block_size, dtype, "cuda")
     slopes = alibi_slopes(GPU_H, "cuda") if alibi else None
     scale = GPU_D**-0.5
-    out = paged_prefill_attention(q, kc, vc, bt, cu, sl, max(qlens), scale, window, slopes)
+    out = paged_prefill_attention(q, kc, vc, bt, cu, sl, max(qlens), scale, window, slopes, num_splits=splits)
     # the reference runs in fp32 on the same (rounded) inputs: the bf16 kernel is judged against exact math
     expect = ref.paged_attention(*_fp32_args([q, kc, vc, bt, cu, sl, scale, window, slopes]))
     assert max_err(out, expect) < GPU_ATOL[dtype]
