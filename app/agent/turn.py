@@ -197,6 +197,8 @@ async def _run_turn_locked(
     stops = _stop_ids(tokenizer)
     sampling["stop_token_ids"] = sorted(stops | set(sampling.get("stop_token_ids", [])))
     tools = spec.model_tools()
+    # the logits' width (padded embedding rows included) for the grammar's token mask
+    vocab_size = getattr(getattr(engine, "model_config", None), "vocab_size", None)
     max_turns = spec.memory.get("max_turns", None if spec.memory.get("max_tokens") else DEFAULT_MAX_TURNS)
     budget = spec.memory.get("max_tokens")
     if (limit := _max_model_len(engine)) is not None:
@@ -217,7 +219,7 @@ async def _run_turn_locked(
         # grammar.api through the API's adapter (compiled off the event loop; None without a backend)
         constraint = await build_constraint(
             tokenizer, tools=tools or None, tool_choice=choice or "auto", parallel_tool_calls=True,
-            response_format=None, max_tokens=sampling["max_tokens"],
+            response_format=None, max_tokens=sampling["max_tokens"], vocab_size=vocab_size,
         )
         # tool-call tags are added tokens that decode() drops when skipping specials; stop
         # tokens are never detokenized, so nothing else special shows up in the text
