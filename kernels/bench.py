@@ -127,7 +127,7 @@ def build_cases(dtype, device, tiny: bool, only: set[str]) -> list[Case]:
     cases: list[Case] = []
     # decode: (batch, context); prefill: (batch, context, new tokens per sequence)
     decode_shapes = [(b, c) for b in (1, 32) for c in (512, 1024, 2048, 4096)]
-    prefill_shapes = [(32, 128, 128), (32, 1024, 128), (1, 4096, 4096)]
+    prefill_shapes = [(32, 128, 128), (32, 1024, 128), (1, 3764, 100), (1, 4096, 4096)]
     if tiny:
         decode_shapes, prefill_shapes = [(1, 64), (2, 100)], [(2, 16, 16), (2, 40, 8)]
     tokens = [8] if tiny else [32, 4096]
@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Micro-benchmarks of the Triton kernels vs their torch references (Qwen3-0.6B shapes: "
         f"{NUM_HEADS} q heads, {NUM_KV_HEADS} kv heads, head_dim {HEAD_DIM}, hidden {HIDDEN}; cache block "
         f"size {BLOCK_SIZE}). Decode: batch 1 and 32 at context 512-4096; prefill: 32x128 new tokens, "
-        "32x128 after a 896-token cached prefix, 1x4096.",
+        "32x128 after a 896-token cached prefix, M1's 100 tokens after 3664 cached, 1x4096.",
     )
     parser.add_argument("--only", default=",".join(KERNELS), help=f"comma list from: {','.join(KERNELS)}")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")

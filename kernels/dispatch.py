@@ -77,7 +77,10 @@ def paged_attention(
     alibi_slopes: torch.Tensor | None = None,
     *,
     max_seqlen_q: int | None = None,
+    max_seq_len: int | None = None,
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
+    """max_seqlen_q: longest new-token count; max_seq_len: a bound on the contexts (only tunes the
+    split-K choice). Both python ints; the reference ignores them."""
     if not use_triton(q):
         return ref.paged_attention(
             q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, sliding_window, alibi_slopes
@@ -88,7 +91,7 @@ def paged_attention(
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if seq_lens.numel() else 0
     return paged_prefill_attention(
         q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max_seqlen_q, scale,
-        sliding_window, alibi_slopes,
+        sliding_window, alibi_slopes, max_seq_len=max_seq_len,
     )  # fmt: skip
 
 
