@@ -144,6 +144,9 @@ class Serving:
         self.created = int(time.time())  # the model's `created` in /v1/models
         self._special_ids = set(getattr(self.tokenizer, "all_special_ids", []) or [])
 
+    def _render_ids(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None) -> list[int]:
+        return self.renderer.encode(self.renderer.render(messages, tools))
+
     def model_name(self, requested: str | None) -> str:
         if requested and self.settings.strict_model_names and requested != self.served_name:
             raise APIError(
@@ -181,9 +184,11 @@ class Serving:
         if history is not None:
             from app.agent.replay import render_ids  # splices stored reply ids: the prefix cache stays warm
 
-            prompt_ids = render_ids(self.tokenizer, history, tools=use_tools)
+            prompt_ids = await asyncio.to_thread(render_ids, self.tokenizer, history, tools=use_tools)
         else:
-            prompt_ids = self.renderer.encode(self.renderer.render(messages, use_tools))
+            # a long history takes tens of ms to render and tokenize: off the event loop, which
+            # is streaming other requests meanwhile
+            prompt_ids = await asyncio.to_thread(self._render_ids, messages, use_tools)
         max_tokens = check_context(len(prompt_ids), max_tokens, self.max_model_len, "messages")
         constraint = await build_constraint(
             self.tokenizer,

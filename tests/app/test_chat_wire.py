@@ -47,9 +47,10 @@ USER = [{"role": "user", "content": "weather in Paris and 6*7?"}]
 
 @pytest.fixture(scope="module")
 def client(fake_server):
-    return openai.OpenAI(
+    with openai.OpenAI(
         base_url=fake_server.base, api_key="x", _strict_response_validation=True, max_retries=0
-    )
+    ) as sdk:
+        yield sdk
 
 
 def post(server, path, body, **kw):

@@ -16,9 +16,10 @@ MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 
 @pytest.fixture(scope="module")
 def client(real_server):
-    return openai.OpenAI(
+    with openai.OpenAI(
         base_url=real_server.base, api_key="none", _strict_response_validation=True, max_retries=0
-    )
+    ) as sdk:
+        yield sdk
 
 
 def test_models(client, real_server):
@@ -128,8 +129,8 @@ def test_completions(client, real_server):
     assert len(resp.choices[0].logprobs.tokens) == resp.usage.completion_tokens
     # streamed legacy chunks carry finish_reason null until the end, as OpenAI's do; the SDK's
     # Completion type (reused for chunks) does not allow null, so this part skips strict validation
-    lenient = openai.OpenAI(base_url=real_server.base, api_key="none", max_retries=0)
-    chunks = list(lenient.completions.create(model="m", prompt="Hello", max_tokens=4, stream=True))
+    with openai.OpenAI(base_url=real_server.base, api_key="none", max_retries=0) as lenient:
+        chunks = list(lenient.completions.create(model="m", prompt="Hello", max_tokens=4, stream=True))
     assert sum(1 for c in chunks for ch in c.choices if ch.finish_reason) == 1
 
 
