@@ -19,7 +19,7 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _prefill_tile(
+def _attend_tile(
     q,  # (BLOCK_M, BLOCK_D)
     acc,  # (BLOCK_M, BLOCK_D) float32, unnormalized output
     m_i,  # (BLOCK_M,) running max of the base-2 scores
@@ -34,7 +34,7 @@ def _prefill_tile(
     d,
     d_mask,
     scale_log2,
-    slope,  # ALiBi slope * log2(e) of this head
+    slope,  # ALiBi slope * log2(e): scalar (one head) or (rows, 1) (a head per row)
     window,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -154,13 +154,13 @@ def _prefill_kernel(
     if not HAS_WINDOW:
         mid = tl.minimum(tl.maximum(((ctx - q_len + mb * BLOCK_M + 1) // BLOCK_N) * BLOCK_N, lo), hi)
         for start in range(lo, mid, BLOCK_N):
-            acc, m_i, l_i = _prefill_tile(
+            acc, m_i, l_i = _attend_tile(
                 q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, hi, q_pos, kvh, d, d_mask,
                 scale_log2, slope, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
                 False, HAS_WINDOW, HAS_ALIBI, DOT_PREC,
             )  # fmt: skip
     for start in range(mid, hi, BLOCK_N):
-        acc, m_i, l_i = _prefill_tile(
+        acc, m_i, l_i = _attend_tile(
             q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, hi, q_pos, kvh, d, d_mask,
             scale_log2, slope, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
             True, HAS_WINDOW, HAS_ALIBI, DOT_PREC,
@@ -231,33 +231,30 @@ def _decode_kernel(
         mask=g_mask[:, None] & d_mask[None, :],
         other=0.0,
     )  # (BLOCK_G, BLOCK_D)
-    if HAS_ALIBI:
-        slopes = tl.load(alibi_ptr + heads, mask=g_mask, other=0.0).to(tl.float32) * 1.4426950408889634
+    slopes = 0.0
+    if HAS_ALIBI:  # (BLOCK_G, 1)
+        slopes = tl.load(alibi_ptr + heads, mask=g_mask, other=0.0).to(tl.float32)[:, None]
+        slopes = slopes * 1.4426950408889634
+    q_pos = tl.full((BLOCK_G,), 0, dtype=tl.int32) + (ctx - 1)  # every head queries the last position
 
     m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)
     bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
-    for start in range(s_lo, s_hi, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < s_hi
-        blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        slot = blk * BLOCK_SIZE + offs_n % BLOCK_SIZE
-        kv_off = slot[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d[None, :]  # (BLOCK_N, BLOCK_D)
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale_log2  # (BLOCK_G, BLOCK_N)
-        if HAS_ALIBI:
-            s += slopes[:, None] * (offs_n - (ctx - 1)).to(tl.float32)[None, :]
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
+    # the window is already applied through s_lo: whole tiles unmasked, then the ragged last one
+    mid = s_lo + tl.maximum(s_hi - s_lo, 0) // BLOCK_N * BLOCK_N
+    for start in range(s_lo, mid, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, s_hi, q_pos, kvh, d, d_mask,
+            scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
+            False, False, HAS_ALIBI, DOT_PREC,
+        )  # fmt: skip
+    for start in range(mid, s_hi, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, s_hi, q_pos, kvh, d, d_mask,
+            scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
+            True, False, HAS_ALIBI, DOT_PREC,
+        )  # fmt: skip
 
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # empty range (split past the end): zeros
     if NUM_SPLITS == 1:
