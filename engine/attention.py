@@ -30,15 +30,12 @@ class AttentionMetadata:
 
 def paged_attention(
     q: torch.Tensor,  # (num_tokens, num_heads, head_dim)
-    k: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
-    v: torch.Tensor,
-    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim), the step's K/V already in
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int | None = None,
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
-    ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     nd = meta.num_decodes
     max_len = meta.decode_max_seq_len or None  # None inside CUDA graphs: bound by the table width
     if meta.prefill_block_tables is None:

@@ -76,11 +76,13 @@ class Attention(nn.Module):
         q = q.reshape(t, self.num_heads, self.head_dim)
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        q, k = ops.apply_rope(q, k, positions, cos_sin)
-        o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.sliding_window)
+        q_w = self.q_norm.weight if self.qk_norm else None
+        k_w = self.k_norm.weight if self.qk_norm else None
+        eps = self.q_norm.eps if self.qk_norm else 0.0
+        q, _ = ops.qk_norm_rope_store_kv(
+            q, k, v, q_w, k_w, eps, positions, cos_sin, kv_cache[0], kv_cache[1], meta.slot_mapping
+        )
+        o = paged_attention(q, kv_cache[0], kv_cache[1], meta, self.scale, self.sliding_window)
         return self.o_proj(o.reshape(t, self.q_size))
 
 
