@@ -70,6 +70,8 @@ class AsyncEngine:
         if not self.running:
             raise RuntimeError("AsyncEngine is not running: await engine.start() first")
         rid = request_id or f"req-{next(self._ids)}"
+        if rid in self._streams:  # checked here: a failed add must not abort or unhook the running one
+            raise ValueError(f"request id {rid!r} is already running")
         ids = self.core.encode(prompt)
         out_q: asyncio.Queue = asyncio.Queue()
         self._streams[rid] = (asyncio.get_running_loop(), out_q)
@@ -124,7 +126,9 @@ class AsyncEngine:
                 if loop is not None:
                     loop.call_soon_threadsafe(_settle, done, err)
             elif cmd[0] == "abort":
-                self._deliver(self.core.abort(cmd[1]))
+                outputs = self.core.abort(cmd[1])
+                self._stats = self.core.stats()
+                self._deliver(outputs)
 
     def _loop(self) -> None:
         try:
@@ -132,8 +136,8 @@ class AsyncEngine:
                 self._run_commands()
                 if self.core.has_unfinished():
                     outputs = self.core.step()
+                    self._stats = self.core.stats()  # before delivering: a finished stream sees freed blocks
                     self._deliver(outputs)
-                    self._stats = self.core.stats()
                     if not outputs and not self.core.scheduler.running:
                         self._wakeup.wait(timeout=0.002)  # only requests whose grammar still compiles
                         self._wakeup.clear()

@@ -42,12 +42,17 @@ class LLM:
 
             bar = tqdm(total=len(order), desc="generating", unit="req")
         done: set[str] = set()
-        while self.core.has_unfinished():
-            self.core.step()
-            if bar is not None:
-                now = {r for r, ss in seqs.items() if all(s.is_finished for s in ss)}
-                bar.update(len(now - done))
-                done = now
+        try:
+            while self.core.has_unfinished():
+                self.core.step()
+                if bar is not None:
+                    now = {r for r, ss in seqs.items() if all(s.is_finished for s in ss)}
+                    bar.update(len(now - done))
+                    done = now
+        except BaseException:
+            for rid in order:  # a failed step (e.g. a raising logits processor) must not wedge the engine
+                self.core.abort(rid)
+            raise
         if bar is not None:
             bar.close()
         results = []
