@@ -51,6 +51,26 @@ def _route_jit_calls_to_interpreter() -> None:
 
     JITFunction.__call__ = call
     JITFunction._chatloom_routed = True
+    _fix_scalar_index()
+
+
+def _fix_scalar_index() -> None:
+    """Triton 3.6's interpreter turns a scalar tensor into a python int (a data-dependent `range` bound)
+    with int() of a 1-element 1-d array, an error in NumPy >= 2.4; later Tritons squeeze first. Every
+    interpreted launch re-patches the language, so the fix wraps the patching function."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang
+
+    def patch_lang(fn):
+        scope = original(fn)
+        to_int = lambda self: int(np.asarray(self.handle.data).reshape(-1)[0])
+        scope.set_attr(tl.core.tensor, "__index__", to_int)
+        return scope
+
+    interpreter._patch_lang = patch_lang
 
 
 class Kernel:
