@@ -1,0 +1,15 @@
+"""Kernels of the engine. Call them through `kernels.dispatch` (Triton on CUDA, torch reference otherwise).
+
+reference.py        torch references: the semantics, and the CPU path
+dispatch.py         the one dispatch point (CHATLOOM_KERNELS=torch forces the references)
+paged_attention.py  paged prefill/extend (causal, GQA, cached prefix, optional split-K) and split-K decode
+kv_cache.py         store_kv: new K/V rows into the paged cache
+qk_norm_rope.py     fused q/k RMSNorm + RoPE + store_kv (one launch per layer before attention)
+rmsnorm.py          rms_norm, fused residual-add + rms_norm
+rope.py             rotate-half RoPE, in place
+activation.py       silu_and_mul
+bitmask.py          grammar token bitmask applied to logits in place
+_jit.py             compiled-or-interpreted choice per launch (CPU tensors run in Triton's interpreter)
+bench.py            `python -m kernels.bench`: each kernel vs its reference at the Qwen3-0.6B shape
+Tests: tests/kernels (interpreter on the CPU; `gpu` marker on CUDA; sm_90 compile check without a GPU).
+"""
