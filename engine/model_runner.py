@@ -65,12 +65,10 @@ class ModelRunner:
             raise ValueError("not enough memory for a single KV block; lower max_model_len or add memory")
         return int(blocks)
 
-    def _tensor(self, data, dtype) -> torch.Tensor:
-        return host_to_device(data, dtype, self.device)
-
     def prepare(
         self, batch: ScheduledBatch, pending: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        """The step's tensors, moved in one host-to-device copy per dtype."""
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -86,47 +84,52 @@ class ModelRunner:
                 pending_at.append(len(input_ids) - 1)
                 pending_rows.append(seq.pending_row)
             table = seq.block_table
-            for p in range(start, start + n):
-                positions.append(p)
-                slots.append(table[p // bs] * bs + p % bs)
+            if n == 1:
+                positions.append(start)
+                slots.append(table[start // bs] * bs + start % bs)
+            else:
+                positions.extend(range(start, start + n))
+                slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             if start + n == seq.num_tokens:
                 sample_rows.append(len(input_ids) - 1)
 
-        def tables(seqs) -> torch.Tensor:
-            width = max(len(s.block_table) for s in seqs)
-            return self._tensor(
-                [s.block_table + [0] * (width - len(s.block_table)) for s in seqs], torch.int32
-            )
-
+        up = _Upload()
+        h_ids = up.add(input_ids, torch.int64)
+        h_pos = up.add(positions, torch.int64)
+        h_slots = up.add(slots, torch.int64)
+        h_pend = up.add(pending_at + pending_rows, torch.int64)
+        h_rows = up.add(sample_rows, torch.int64)
         dec, pre = batch.seqs[:nd], batch.seqs[nd:]
         dec_lens = [s.num_computed_tokens + 1 for s in dec]
-        meta = AttentionMetadata(
-            slot_mapping=self._tensor(slots, torch.int64),
-            num_decodes=nd,
-            decode_block_tables=tables(dec) if dec else None,
-            decode_seq_lens=self._tensor(dec_lens, torch.int32) if dec else None,
-            decode_max_seq_len=max(dec_lens, default=0),
-            prefill_block_tables=None,
-            prefill_cu_seqlens_q=None,
-            prefill_seq_lens=None,
-        )
+        h_dec = (up.table(dec), up.add(dec_lens, torch.int32)) if dec else None
+        h_pre = None
+        q_lens = batch.num_new_tokens[nd:]
         if pre:
-            q_lens = batch.num_new_tokens[nd:]
             cu = [0]
             for q in q_lens:
                 cu.append(cu[-1] + q)
-            meta.prefill_block_tables = tables(pre)
-            meta.prefill_cu_seqlens_q = self._tensor(cu, torch.int32)
-            meta.prefill_seq_lens = self._tensor(
-                [s.num_computed_tokens + q for s, q in zip(pre, q_lens, strict=True)], torch.int32
-            )
-            meta.prefill_max_q = max(q_lens)
-        ids = self._tensor(input_ids, torch.int64)
+            pre_lens = [s.num_computed_tokens + q for s, q in zip(pre, q_lens, strict=True)]
+            h_pre = (up.table(pre), up.add(cu, torch.int32), up.add(pre_lens, torch.int32))
+        t = up.upload(self.device)
+        meta = AttentionMetadata(
+            slot_mapping=t[h_slots],
+            num_decodes=nd,
+            decode_block_tables=t[h_dec[0]] if h_dec else None,
+            decode_seq_lens=t[h_dec[1]] if h_dec else None,
+            decode_max_seq_len=max(dec_lens, default=0),
+            prefill_block_tables=t[h_pre[0]] if h_pre else None,
+            prefill_cu_seqlens_q=t[h_pre[1]] if h_pre else None,
+            prefill_seq_lens=t[h_pre[2]] if h_pre else None,
+            prefill_max_q=max(q_lens, default=0),
+        )
+        ids = t[h_ids]
         if pending_at:
             if pending is None:
                 raise RuntimeError("a scheduled token is still in flight but no previous step was given")
-            ids[self._tensor(pending_at, torch.int64)] = pending[self._tensor(pending_rows, torch.int64)]
-        return ids, self._tensor(positions, torch.int64), meta, sample_rows
+            k = len(pending_at)
+            ids[t[h_pend][:k]] = pending[t[h_pend][k:]]
+        self.sample_rows = t[h_rows]  # (num_sampling,) rows of the hidden states to project
+        return ids, t[h_pos], meta, sample_rows
 
     @torch.inference_mode()
     def execute(
@@ -147,7 +150,7 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
         if not sample_rows:
             return None, []
-        rows = self._tensor(sample_rows, torch.int64)
+        rows = self.sample_rows
         logits = self.model.compute_logits(hidden.index_select(0, rows))
         # which scheduled sequences sample: those whose last token was in this step
         sampling = [
@@ -165,3 +168,34 @@ def host_to_device(data, dtype: torch.dtype, device: torch.device) -> torch.Tens
     if device.type == "cpu":
         return t
     return t.pin_memory().to(device, non_blocking=True)
+
+
+class _Upload:
+    """Collects a step's integer arrays; upload() moves them in one copy per dtype and returns views."""
+
+    def __init__(self) -> None:
+        self.data: dict[torch.dtype, list[int]] = {torch.int64: [], torch.int32: []}
+        self.specs: list[tuple[torch.dtype, int, int, int]] = []  # dtype, offset, length, rows (0 = 1-D)
+
+    def add(self, values: list[int], dtype: torch.dtype, rows: int = 0) -> int:
+        buf = self.data[dtype]
+        self.specs.append((dtype, len(buf), len(values), rows))
+        buf.extend(values)
+        return len(self.specs) - 1
+
+    def table(self, seqs) -> int:
+        # (num_seqs, max_blocks) int32 block tables, padded with block 0 (never read past seq_len)
+        width = max(len(s.block_table) for s in seqs)
+        flat: list[int] = []
+        for s in seqs:
+            flat.extend(s.block_table)
+            flat.extend([0] * (width - len(s.block_table)))
+        return self.add(flat, torch.int32, rows=len(seqs))
+
+    def upload(self, device: torch.device) -> list[torch.Tensor]:
+        moved = {dt: host_to_device(buf, dt, device) for dt, buf in self.data.items() if buf}
+        out = []
+        for dt, off, n, rows in self.specs:
+            t = moved[dt][off : off + n] if n else torch.empty(0, dtype=dt, device=device)
+            out.append(t.view(rows, -1) if rows else t)
+        return out
