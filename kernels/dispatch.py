@@ -78,20 +78,22 @@ def paged_attention(
     *,
     max_seqlen_q: int | None = None,
     max_seq_len: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
     """max_seqlen_q: longest new-token count; max_seq_len: a bound on the contexts (only tunes the
-    split-K choice). Both python ints; the reference ignores them."""
+    split-K choice). Both python ints; the reference ignores them. `out` (like q) receives the result."""
     if not use_triton(q):
-        return ref.paged_attention(
+        res = ref.paged_attention(
             q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, sliding_window, alibi_slopes
         )
+        return res if out is None else out.copy_(res)
     from kernels.paged_attention import paged_prefill_attention
 
     if not max_seqlen_q:  # unknown (None, or a metadata default of 0): one host sync
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if seq_lens.numel() else 0
     return paged_prefill_attention(
         q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max_seqlen_q, scale,
-        sliding_window, alibi_slopes, max_seq_len=max_seq_len,
+        sliding_window, alibi_slopes, out=out, max_seq_len=max_seq_len,
     )  # fmt: skip
 
 
@@ -113,10 +115,7 @@ def decode_attention(
         res = ref.decode_attention(
             q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, alibi_slopes
         )
-        if out is not None:
-            out.copy_(res)
-            return out
-        return res
+        return res if out is None else out.copy_(res)
     from kernels.paged_attention import paged_decode_attention
 
     return paged_decode_attention(

@@ -17,6 +17,8 @@ def test_cpu_tensors_use_the_reference():
     q, kc, vc, bt, cu, sl = make_paged([20, 9], [4, 9], 4, 2, 16, 16, torch.float32)
     out = dispatch.paged_attention(q, kc, vc, bt, cu, sl, 0.25)
     assert torch.equal(out, ref.paged_attention(q, kc, vc, bt, cu, sl, 0.25))
+    buf = torch.empty_like(q)
+    assert dispatch.paged_attention(q, kc, vc, bt, cu, sl, 0.25, out=buf) is buf and torch.equal(buf, out)
     x, res, w = torch.randn(3, 8), torch.randn(3, 8), torch.randn(8)
     x0, res0 = x.clone(), res.clone()
     dispatch.fused_add_rms_norm(x, res, w, 1e-6)
