@@ -29,6 +29,7 @@ from grammar.vocab import TokenVocab, bools_to_bitmask
 
 LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16)  # token byte-length classes
 END = 1  # the byte standing for EOS in the budget DFA (regex + END): only the END state is final
+START = 0  # a byte read before the regex (no grammar contains it): see _byte_dfa
 INF = np.int32(1 << 20)
 _PUNCT = set(b'{}[]",: \n0123456789-.')
 _LITERAL_EXTRAS = ['", "', '": "', '": ', '"}', '"}}', "}}", '"]', "]}", "[]", "{}", "true", "false", "null"]
@@ -51,7 +52,8 @@ class _VocabTables:
         self.byte_token[END] = vocab.eos_id
         self.by_bytes: dict[bytes, int] = {}
         for tid, b in enumerate(vocab.token_bytes):
-            if len(b) == 1 and b[0] != END and (self.byte_token[b[0]] < 0 or tid in vocab.special_ids):
+            first_of_byte = self.byte_token[b[0]] < 0 if b else False
+            if len(b) == 1 and b[0] not in (START, END) and (first_of_byte or tid in vocab.special_ids):
                 self.byte_token[b[0]] = tid
             if len(b) >= 2 and b not in self.by_bytes:
                 self.by_bytes[b] = tid
@@ -73,12 +75,15 @@ def vocab_tables(vocab: TokenVocab) -> _VocabTables:
 
 
 def _byte_dfa(regex: str) -> tuple[np.ndarray, np.ndarray, int]:
-    """(T (n+1, 256) int32 next state, dead = n; final (n+1,) bool; start) of regex + END.
+    """(T (n+1, 256) int32 next state, dead = n; final (n+1,) bool; start) of START + regex + END.
 
-    outlines_core's Index drops transitions from an accepting state into a non-accepting one (text
-    that could end but goes on into a call); ending every word with END keeps accepting states last.
+    Two outlines_core quirks, worked around: its Index drops transitions from an accepting state into
+    a non-accepting one (text that could end but goes on into a call), so every word ends with END
+    and only the state after END accepts; and a regex that starts with a bounded repetition (a
+    top-level `"(...){0,32}"`) takes exponential time, which a leading START byte avoids.
     """
-    index = Index(f"(?:{regex})\\x{END:02x}", Vocabulary(256, {bytes([b]): [b] for b in range(256)}))
+    single_bytes = Vocabulary(256, {bytes([b]): [b] for b in range(256)})
+    index = Index(f"\\x{START:02x}(?:{regex})\\x{END:02x}", single_bytes)
     trans = index.get_transitions()
     states = sorted(set(trans) | {index.get_initial_state()} | set(index.get_final_states()))
     ids = {s: i for i, s in enumerate(states)}
@@ -91,7 +96,7 @@ def _byte_dfa(regex: str) -> tuple[np.ndarray, np.ndarray, int]:
                 row[b] = ids[nxt]
     final = np.zeros(n + 1, dtype=bool)
     final[[ids[s] for s in index.get_final_states()]] = True
-    return table, final, ids[index.get_initial_state()]
+    return table, final, int(table[ids[index.get_initial_state()], START])
 
 
 class BudgetAutomaton:

@@ -12,7 +12,7 @@ from outlines_core import Guide, Index, Vocabulary
 
 from grammar.vocab import FORBIDDEN, TokenVocab
 
-END = "\\x01"
+START, END = "\\x00", "\\x01"  # see budget._byte_dfa: the same two quirks, the same workaround
 
 
 class OutlinesMatcher:
@@ -39,11 +39,14 @@ class OutlinesMatcher:
 
 
 class OutlinesGrammar:
-    def __init__(self, index: Index):
+    def __init__(self, index: Index, start_token: int):
         self.index = index
+        self.start_token = start_token
 
     def matcher(self) -> OutlinesMatcher:
-        return OutlinesMatcher(Guide(self.index, max_rollback=64))
+        guide = Guide(self.index, max_rollback=64)
+        guide.advance(self.start_token, return_tokens=False)  # read START: now at the regex's start
+        return OutlinesMatcher(guide)
 
 
 class OutlinesBackend:
@@ -58,11 +61,14 @@ class OutlinesBackend:
             elif b == FORBIDDEN or not b:
                 continue
             table.setdefault(b, []).append(tid)
-        # outlines' own EOS: an id no token has (past every row); reached only after our EOS
+        # outlines' own EOS and our START token: ids past every row, never in a mask we read (START
+        # is only allowed in the initial state, outlines' EOS only after our EOS)
+        self.start_token = vocab.vocab_size + 2
+        table[b"\x00"] = [self.start_token]
         self.vocabulary = Vocabulary(vocab.vocab_size + 1, table)
 
     def compile(self, regex: str) -> OutlinesGrammar:
         try:
-            return OutlinesGrammar(Index(f"(?:{regex}){END}", self.vocabulary))
+            return OutlinesGrammar(Index(f"{START}(?:{regex}){END}", self.vocabulary), self.start_token)
         except Exception as e:
             raise ValueError(f"outlines cannot compile the grammar: {e}") from e
