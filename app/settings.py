@@ -32,6 +32,7 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = None  # guards /v1/* (and the path aliases without /v1)
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)  # larger request bodies are a 413
     max_n: int = Field(default=16, ge=1)  # the largest `n` a request may ask for
+    grammar_timeout_s: float = Field(default=30.0, gt=0)  # longest wait for a new tool/JSON grammar
     log_level: str = "info"
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
 

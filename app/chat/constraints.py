@@ -43,10 +43,15 @@ async def build_constraint(
     response_format: dict[str, Any] | None,
     max_tokens: int,
     vocab_size: int | None = None,
+    timeout_s: float = 30.0,
 ) -> Any | None:
     """A ConstraintFactory for SamplingParams.constraint, or None (nothing to constrain, or no
     grammar backend: then decoding is unconstrained). vocab_size: the model's logits width, which
-    can exceed the tokenizer's (padded embedding rows must be masked too)."""
+    can exceed the tokenizer's (padded embedding rows must be masked too).
+
+    A grammar that takes longer than timeout_s to build does not hold the request: with tools in
+    auto/none mode decoding goes on unconstrained (the parser still extracts calls); when the
+    client demanded structure (required, a named function, a JSON response_format) it is a 400."""
     wants_format = response_format is not None and response_format.get("type") != "text"
     if not tools and not wants_format:
         return None
@@ -64,7 +69,19 @@ async def build_constraint(
         kwargs["vocab_size"] = vocab_size
     try:
         # a new grammar's tables take tens to hundreds of ms: keep them off the event loop
-        return await asyncio.to_thread(api.build_constraint, tokenizer, **kwargs)
+        return await asyncio.wait_for(asyncio.to_thread(api.build_constraint, tokenizer, **kwargs), timeout_s)
+    except TimeoutError:
+        demanded = wants_format or tool_choice == "required" or isinstance(tool_choice, dict)
+        what = "response_format" if wants_format else "tools"
+        log.error("grammar for %s not built within %.1fs (demanded=%s)", what, timeout_s, demanded)
+        if demanded:
+            raise APIError(
+                f"The grammar for '{what}' could not be built within {timeout_s:g} s; "
+                "simplify its JSON schema.",
+                param=what,
+                code="grammar_timeout",
+            ) from None
+        return None
     except ValueError as exc:
         message = str(exc)
         param = next((p for p in _PARAMS if message.startswith(p)), None)

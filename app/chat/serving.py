@@ -199,6 +199,7 @@ class Serving:
             response_format=response_format,
             max_tokens=max_tokens,
             vocab_size=self.model_vocab_size,
+            timeout_s=self.settings.grammar_timeout_s,
         )
         params = make_params(
             **fields,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 FunctionName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9_.\-]{1,64}$")]
 
@@ -27,6 +27,11 @@ class Wire(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def empty_parameters_as_object(value: Any) -> Any:
+    # `{}` (and omitted) mean "no parameters": the arguments are still a JSON object
+    return {"type": "object", "properties": {}} if value == {} else value
+
+
 class FunctionDefinition(Strict):
     """openai.types.shared_params.FunctionDefinition"""
 
@@ -34,6 +39,8 @@ class FunctionDefinition(Strict):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+
+    _parameters = field_validator("parameters")(empty_parameters_as_object)
 
 
 class CompletionTokensDetails(Wire):

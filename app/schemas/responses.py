@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator
 
-from app.schemas.common import FunctionName, Request, Strict, Wire
+from app.schemas.common import FunctionName, Request, Strict, Wire, empty_parameters_as_object
 
 
 class InputText(Strict):
@@ -86,6 +86,8 @@ class FunctionToolParam(Strict):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+
+    _parameters = field_validator("parameters")(empty_parameters_as_object)
 
 
 class ToolChoiceFunction(Strict):

@@ -443,3 +443,32 @@ def test_our_schemas_describe_what_we_send(fake_server, script):
         ChatCompletionChunk.model_validate_json(event)
     Completion.model_validate(post(fake_server, "/v1/completions", {"prompt": "hi", "logprobs": 1}).json())
     Response.model_validate(post(fake_server, "/v1/responses", {"input": "hi", "tools": RESP_TOOLS}).json())
+
+
+def test_slow_grammar_does_not_hold_the_request(fake_server, script, grammar_stub, monkeypatch):
+    import sys
+    import time as _time
+    import types
+
+    def slow(tokenizer, **kw):
+        grammar_stub.append(kw)
+        _time.sleep(1.0)
+        return None
+
+    monkeypatch.setitem(sys.modules, "grammar.api", types.SimpleNamespace(build_constraint=slow))
+    monkeypatch.setattr(fake_server.app.state.settings, "grammar_timeout_s", 0.2)
+    script("free text")
+    r = post(fake_server, "/v1/chat/completions", {"messages": USER, "tools": TOOLS})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "free text"
+    r = post(
+        fake_server, "/v1/chat/completions", {"messages": USER, "tools": TOOLS, "tool_choice": "required"}
+    )
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["code"] == "grammar_timeout" and err["param"] == "tools"
+
+
+def test_empty_parameters_mean_no_parameters(fake_server, script, grammar_stub):
+    script("ok")
+    tools = [{"type": "function", "function": {"name": "ping", "parameters": {}}}]
+    assert post(fake_server, "/v1/chat/completions", {"messages": USER, "tools": tools}).status_code == 200
+    assert grammar_stub[-1]["tools"][0]["function"]["parameters"] == {"type": "object", "properties": {}}
