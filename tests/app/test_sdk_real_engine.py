@@ -271,3 +271,19 @@ def test_json_schema_response_format(client):
         response_format={"type": "json_schema", "json_schema": {"name": "out", "schema": schema}},
     )
     assert set(json.loads(resp.choices[0].message.content)) == {"answer"}
+
+
+def test_disconnect_frees_the_engine(real_server):
+    """A streaming client that hangs up mid-generation: the engine drops the request."""
+    import time
+
+    body = {"messages": MSGS, "max_tokens": 900, "stream": True, "temperature": 1.0}
+    with httpx.Client(timeout=30) as http:
+        with http.stream("POST", real_server.url + "/v1/chat/completions", json=body) as r:
+            next(r.iter_bytes())
+    engine = real_server.app.state.engine
+    deadline = time.monotonic() + 3  # generating the 900 tokens takes the tiny model ~20 s
+    while time.monotonic() < deadline and engine.stats()["running"] + engine.stats()["waiting"]:
+        time.sleep(0.05)
+    stats = engine.stats()
+    assert stats["running"] == 0 and stats["waiting"] == 0, stats
