@@ -14,7 +14,7 @@ class EngineConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: size the pool from memory (see gpu_memory_utilization)
     gpu_memory_utilization: float = 0.85  # fraction of free device memory the KV pool may take
-    cpu_kv_cache_bytes: int = 1 << 30  # KV pool budget on the CPU when num_kv_blocks is None
+    cpu_kv_cache_bytes: int = 256 << 20  # KV pool budget on the CPU when num_kv_blocks is None
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192  # token budget of one step (prefill chunks + decodes)
     max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings
