@@ -194,9 +194,14 @@ class BudgetCursor:
     def dist(self) -> int:
         return int(self.auto.dist[self.state])
 
-    def restrict(self, bitmask_row: torch.Tensor, remaining: int) -> bool:
-        """AND the budget mask into one bitmask row (mask_words,) int32; False if unrestricted."""
+    def restrict(self, bitmask_row: torch.Tensor, remaining: int, nearest: bool = False) -> bool:
+        """AND the budget mask into one bitmask row (mask_words,) int32; False if unrestricted.
+
+        nearest: instead, keep only the helper tokens (and EOS) whose next state has the smallest D
+        among those the row allows (the fallback when the budget and the grammar disagree)."""
         auto = self.auto
+        if nearest:
+            return self._nearest(bitmask_row)
         slack = remaining - 1  # D allowed after this token
         if slack >= auto.max_dist:
             return False
@@ -217,6 +222,21 @@ class BudgetCursor:
             np.bitwise_or.at(extra, ok // 32, (np.uint32(1) << (ok % 32).astype(np.uint32)))
             allowed |= torch.from_numpy(extra.view(np.int32))
         bitmask_row &= allowed
+        return True
+
+    def _nearest(self, bitmask_row: torch.Tensor) -> bool:
+        auto = self.auto
+        ids = auto.helper_ids
+        words = bitmask_row.numpy().view(np.uint32)
+        in_row = (words[ids // 32] >> (ids % 32).astype(np.uint32)) & 1
+        cand = ids[in_row.astype(bool)]
+        if not len(cand):
+            return False  # keep the grammar's row as it is
+        d = auto.dist[auto.edges[self.state][np.searchsorted(ids, cand)]]
+        best = cand[d == d.min()]
+        keep = np.zeros_like(words)
+        np.bitwise_or.at(keep, best // 32, np.uint32(1) << (best % 32).astype(np.uint32))
+        bitmask_row &= torch.from_numpy(keep.view(np.int32))
         return True
 
 

@@ -18,7 +18,7 @@ from grammar.vocab import TokenVocab
 class GrammarConstraint:
     """engine.sampling_params.TokenConstraint over one grammar."""
 
-    __slots__ = ("matcher", "cursor", "vocab", "words", "done", "restricted_steps")
+    __slots__ = ("matcher", "cursor", "vocab", "words", "done", "restricted_steps", "fallbacks")
 
     def __init__(self, matcher: GrammarMatcher, cursor: BudgetCursor, vocab: TokenVocab):
         self.matcher = matcher
@@ -27,6 +27,7 @@ class GrammarConstraint:
         self.words = vocab.mask_words
         self.done = False
         self.restricted_steps = 0  # steps where the budget narrowed the mask (for tests and stats)
+        self.fallbacks = 0  # steps where budget and grammar masks did not intersect (see fill_bitmask)
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, remaining_tokens: int) -> None:
         # bitmask: (batch, >= words) int32 on the CPU; words past our vocabulary stay disallowed
@@ -35,8 +36,16 @@ class GrammarConstraint:
         if line.shape[0] > self.words:
             line[self.words :] = 0
         self.matcher.fill_mask(own)
+        grammar_row = own.clone()
         if self.cursor.restrict(own, remaining_tokens):
             self.restricted_steps += 1
+            if not bool(own.any()):
+                # the backend allows only tokenizations the budget's shortest paths do not use
+                # (llguidance keeps forced text canonical) or remaining < D: stay inside the grammar,
+                # preferring the tokens that leave the least to do; never hit in tests
+                self.fallbacks += 1
+                own.copy_(grammar_row)
+                self.cursor.restrict(own, 1 << 30, nearest=True)
 
     def accept_token(self, token_id: int) -> bool:
         if self.done or not self.matcher.accept_token(token_id):

@@ -1,4 +1,9 @@
-"""xgrammar: regex -> EBNF -> pushdown automaton with a precomputed adaptive token mask cache."""
+"""xgrammar: regex -> EBNF -> pushdown automaton with a precomputed adaptive token mask cache.
+
+Known bug (xgrammar 0.2.9, RAW and BYTE_LEVEL vocabularies alike): after `"key":` with optional
+whitespace before a number, the mask allows the token " \xe0" (a space and the first byte of a
+3-byte character) and accept_token then refuses it. Not the default backend; see docs/grammar.md.
+"""
 
 from __future__ import annotations
 

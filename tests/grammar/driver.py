@@ -56,6 +56,7 @@ def decode(factory, vocab: TokenVocab, max_tokens: int, logits: RandomLogits, op
         out.append(tok)
         if c.is_terminated():
             break
+    assert c.fallbacks == 0, "budget and grammar masks failed to intersect"
     return out
 
 
