@@ -134,7 +134,9 @@ class EngineRun:
                 count = len(out.new_token_ids)
                 self.completion_tokens += count
                 if self.metrics is not None:
+                    self.metrics.generation_tokens.inc(count)  # live: aborted requests count too
                     if first:
+                        self.metrics.prompt_tokens.inc(out.prompt_tokens or self.prompt_tokens)
                         self.metrics.ttft.observe(now - self._start)
                     elif out.index in self._last:
                         self.metrics.itl.observe((now - self._last[out.index]) / count)
@@ -146,8 +148,6 @@ class EngineRun:
             yield out
         self.finished = True
         if self.metrics is not None:
-            self.metrics.prompt_tokens.inc(self.prompt_tokens)
-            self.metrics.generation_tokens.inc(self.completion_tokens)
             self.metrics.e2e.observe(time.perf_counter() - self._start)
 
     async def abort(self) -> None:
