@@ -72,7 +72,6 @@ class Choice:
     calls: list[dict[str, Any]] = field(default_factory=list)
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     engine_reason: str | None = None
-    tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
     stop_reason: str | int | None = None
     events: list[Event] = field(default_factory=list)  # in generation order (Responses output items)
@@ -106,7 +105,7 @@ def chat_messages(req: ChatCompletionRequest) -> list[ChatMessage]:
         elif isinstance(m, ToolMessage):
             out.append(ChatMessage("tool", content_text(m.content), tool_call_id=m.tool_call_id))
         else:
-            out.append(ChatMessage(role, content_text(m.content)))
+            out.append(ChatMessage(role, content_text(m.content), name=m.name))
     return out
 
 
@@ -225,14 +224,12 @@ class Serving:
         tool_choice = (
             req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice
         )
-        if tool_choice is not None and tool_choice != "none" and req.tools is None:
-            check_tools(None, tool_choice)
+        check_tools(tools, tool_choice)  # before anything is stored in a session
         response_format = req.response_format.model_dump(by_alias=True) if req.response_format else None
         history = None
         if session_id is not None and db is not None:
             from app.memory.conversation import load_and_append
 
-            check_tools(tools, tool_choice if tool_choice is not None else "none")
             history = await load_and_append(
                 db, session_id, [m.model_dump(exclude_none=True) for m in req.messages]
             )
@@ -292,7 +289,6 @@ class Serving:
         try:
             async for out in rejected_as_400(run):
                 choice = choices[out.index]
-                choice.tokens += len(out.new_token_ids)
                 choice.token_ids += out.new_token_ids
                 choice.add(parsers[out.index].feed(out.text_delta))
                 if out.logprobs and prep.top_logprobs is not None:
