@@ -156,3 +156,77 @@ def run_g1(
     mask_us = result["mask_us_per_token"]
     out(f"  grammar compile {result['compile_ms']:.0f} ms (cold); mask {mask_us:.0f} us/token")
     return result
+
+
+def measure_backends(tokenizer, backends=("llguidance", "xgrammar", "outlines"), n_requests: int = 16,
+                     vocab_size: int = 151936, max_tokens: int = 256, seed: int = 0,
+                     out: Callable[[str], None] = print) -> dict:
+    """Per backend, on the G1 tool set (required, parallel): one-time tokenizer setup, cold compile,
+    and per-token mask time (backend fill + budget) over random-logit requests."""
+    import numpy as np
+    import torch
+
+    from grammar.backend import get_backend
+    from grammar.budget import BudgetAutomaton, vocab_tables
+    from grammar.constraint import GrammarConstraint
+    from grammar.tools import grammar_spec
+    from grammar.vocab import vocab_for
+
+    tools = json.loads(G1_TOOLS.read_text())["tools"]
+    spec = grammar_spec(tools, "required", True)
+    vocab = vocab_for(tokenizer, vocab_size)
+    vocab_tables(vocab)
+    t0 = time.perf_counter()
+    budget = BudgetAutomaton(spec.budget_regex, vocab)
+    budget_ms = (time.perf_counter() - t0) * 1e3
+    out(f"budget automaton: {budget_ms:.0f} ms, {budget.n_states} DFA states, "
+        f"{len(budget.helper_ids)} helper tokens, shortest call {budget.min_tokens} tokens")
+    results = {"budget_ms": budget_ms}
+    for name in backends:
+        t0 = time.perf_counter()
+        backend = get_backend(name, vocab)
+        setup_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        grammar = backend.compile(spec.regex)
+        compile_ms = (time.perf_counter() - t0) * 1e3
+        rng = np.random.default_rng(seed)
+        bitmask = torch.empty(1, vocab.mask_words, dtype=torch.int32)
+        times: list[float] = []
+        valid = 0
+        for _ in range(n_requests):
+            c = GrammarConstraint(grammar.matcher(), budget.cursor(), vocab)
+            ids: list[int] = []
+            for step in range(max_tokens):
+                bitmask.fill_(-1)
+                t0 = time.perf_counter()
+                c.fill_bitmask(bitmask, 0, max_tokens - step)
+                times.append(time.perf_counter() - t0)
+                bits = np.unpackbits(bitmask[0].numpy().view(np.uint8), bitorder="little")[:vocab_size]
+                allowed = np.flatnonzero(bits)
+                tok = int(allowed[rng.integers(len(allowed))])
+                if not c.accept_token(tok):
+                    break
+                ids.append(tok)
+                if c.is_terminated():
+                    break
+            text = tokenizer.decode(ids, skip_special_tokens=False)
+            valid += count_valid([text], tools)
+        arr = np.array(times) * 1e6
+        results[name] = {"setup_s": setup_s, "compile_ms": compile_ms, "mask_us_mean": float(arr.mean()),
+                         "mask_us_p50": float(np.median(arr)), "mask_us_p99": float(np.percentile(arr, 99)),
+                         "valid": valid, "requests": n_requests, "tokens": len(times)}
+        p50, p99 = np.median(arr), np.percentile(arr, 99)
+        out(f"{name:10s} setup {setup_s:5.1f} s  compile {compile_ms:8.1f} ms  mask mean {arr.mean():7.0f} us"
+            f"  p50 {p50:6.0f} us  p99 {p99:7.0f} us  valid {valid}/{n_requests}  ({len(times)} tokens)")
+    return results
+
+
+if __name__ == "__main__":
+    import sys
+
+    from tokenizers import Tokenizer
+
+    from engine.models.qwen_vocab import qwen_tokenizer_json
+
+    names = sys.argv[1:] or ["llguidance", "xgrammar", "outlines"]
+    measure_backends(Tokenizer.from_file(str(qwen_tokenizer_json())), names)

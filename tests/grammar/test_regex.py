@@ -1,0 +1,68 @@
+"""Regex building blocks: exact integer ranges, free text that cannot spell a call tag, escaping."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from grammar.schema_regex import escape, free_text_regex, int_range_regex, json_schema_regex
+from grammar.tools import grammar_spec
+
+RANGES = [(1, 5), (0, None), (None, None), (-13, 7), (-100, -3), (None, 42), (5, None), (99, 1234), (0, 0),
+          (-5, None), (None, -20), (10, 10), (7, 300)]
+
+
+@pytest.mark.parametrize(("lo", "hi"), RANGES)
+def test_int_range_matches_brute_force(lo, hi):
+    rx = re.compile(int_range_regex(lo, hi))
+    for x in range(-2500, 2500):
+        inside = (lo is None or x >= lo) and (hi is None or x <= hi)
+        assert bool(rx.fullmatch(str(x))) == inside, (lo, hi, x)
+    assert not rx.fullmatch("-0") and not rx.fullmatch("01")
+
+
+def test_empty_range_is_an_error():
+    with pytest.raises(ValueError, match="empty integer range"):
+        int_range_regex(3, 2)
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [("hello <b> x", True), ("a < b << c", True), ("</div>", True), ("<tool_call", True), ("<<tool_ca", True),
+     ("<tool_call>", False), ("x<tool_call>y", False), ("to<tool_call>", False), ("a</tool_call>", False),
+     ("tab\tnew\nline ünï 中文", True), ("\x02", False), ("\x03", False), ("\x00", False)],
+)
+def test_free_text_cannot_spell_a_tag(text, ok):
+    assert bool(re.fullmatch(free_text_regex(), text)) == ok
+
+
+def test_escape_round_trips_literals():
+    lit = '{"name": "a.b(c)*", "arguments": [x|y]^$?+\\\n'
+    assert re.fullmatch(escape(lit), lit)
+
+
+def test_schema_patches_and_annotations():
+    schema = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "description": "d",
+              "properties": {"p": {"type": "integer", "minimum": 1, "maximum": 5, "title": "P"},
+                             "x": {"type": "number", "exclusiveMinimum": 0, "maximum": 9.5}},
+              "required": ["p", "x"], "additionalProperties": False}
+    rx = re.compile(json_schema_regex(schema))
+    assert rx.fullmatch(json.dumps({"p": 5, "x": 9}))
+    assert not rx.fullmatch(json.dumps({"p": 6, "x": 9}))
+    assert not rx.fullmatch(json.dumps({"p": 1, "x": 0}))
+
+
+def test_call_regex_shape():
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    spec = grammar_spec(tools, "required", parallel_tool_calls=False)
+    call = '\x02\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n\x03'
+    assert re.fullmatch(spec.regex, call)
+    assert not re.fullmatch(spec.regex, call + "\n" + call)
+    spec2 = grammar_spec(tools, "required", parallel_tool_calls=True)
+    assert re.fullmatch(spec2.regex, call + "\n" + call)
+    auto = grammar_spec(tools, "auto")
+    assert re.fullmatch(auto.regex, "Let me check.\n" + call)
+    assert re.fullmatch(auto.regex, "just text")
