@@ -109,7 +109,8 @@ class BudgetAutomaton:
         table, final, self.start = _byte_dfa(regex)
         n = table.shape[0] - 1
         self.n_states = n
-        self.trans = table.tolist()  # python lists: per-token walks are a few list lookups
+        small = np.int16 if n + 1 < np.iinfo(np.int16).max else np.int32
+        self.trans = table.astype(small)  # (n+1, 256): what the cursor walks (kept; ~2 MB per 4k states)
         # helpers: multi-byte tokens that spell pieces of the grammar's literals
         corpus = regex.replace("\\", "").encode() + "|".join(_LITERAL_EXTRAS).encode()
         subs = {corpus[i : i + k] for k in range(2, 17) for i in range(len(corpus) - k + 1)}
@@ -126,7 +127,15 @@ class BudgetAutomaton:
             for b in self.token_bytes(tid):
                 cur = by_byte[b][cur]
             edges[j] = cur
-        self.edges = np.ascontiguousarray(edges.T)  # (n+1, H)
+        # the (H, n+1) edge table is big (tens of MB): dropped after D; restrict() walks the helpers
+        # from one state on demand, over their bytes padded to (H, L) with per-token lengths
+        lens = np.array([len(self.token_bytes(t)) for t in self.helper_ids.tolist()], dtype=np.int32)
+        self.helper_len = lens
+        pad = np.zeros((len(lens), int(lens.max())), dtype=np.uint8)
+        for j, tid in enumerate(self.helper_ids.tolist()):
+            b = self.token_bytes(tid)
+            pad[j, : len(b)] = np.frombuffer(b, dtype=np.uint8)
+        self.helper_bytes = pad
         # D by value iteration over unit-cost edges: D[final] = 0 (EOS taken), dead = INF
         dist = np.full(n + 1, INF, dtype=np.int32)
         dist[final] = 0
@@ -157,6 +166,14 @@ class BudgetAutomaton:
         self.max_dist = int(dist[live].max())  # bounds D after any token, however long
         self.min_tokens = int(dist[self.start])
 
+    def helper_next(self, state: int) -> np.ndarray:
+        """(H,) next state of every helper token from one state (dead = n_states)."""
+        cur = np.full(len(self.helper_ids), state, dtype=np.int64)
+        for j in range(self.helper_bytes.shape[1]):
+            live = self.helper_len > j
+            cur = np.where(live, self.trans[cur, self.helper_bytes[:, j]], cur)
+        return cur
+
     def token_bytes(self, token_id: int) -> bytes:
         if token_id == self.vocab.eos_id:
             return bytes([END])
@@ -183,7 +200,7 @@ class BudgetCursor:
         table = self.auto.trans
         s = self.state
         for b in self.auto.token_bytes(token_id):
-            s = table[s][b]
+            s = int(table[s, b])
         self.state = s
 
     def rollback(self, n: int) -> None:
@@ -193,6 +210,10 @@ class BudgetCursor:
     @property
     def dist(self) -> int:
         return int(self.auto.dist[self.state])
+
+    def unrestricted(self, remaining: int) -> bool:
+        """True when no token can break the budget: the mask is left alone."""
+        return remaining - 1 >= self.auto.max_dist
 
     def restrict(self, bitmask_row: torch.Tensor, remaining: int, nearest: bool = False) -> bool:
         """AND the budget mask into one bitmask row (mask_words,) int32; False if unrestricted.
@@ -215,7 +236,7 @@ class BudgetCursor:
             allowed = torch.zeros(words, dtype=torch.int32)
             eos = auto.vocab.eos_id
             allowed[eos // 32] = _bit(eos % 32)
-        nxt = auto.edges[s]
+        nxt = auto.helper_next(s)
         ok = auto.helper_ids[auto.dist[nxt] <= slack]
         if len(ok):
             extra = np.zeros(words, dtype=np.uint32)
@@ -232,7 +253,7 @@ class BudgetCursor:
         cand = ids[in_row.astype(bool)]
         if not len(cand):
             return False  # keep the grammar's row as it is
-        d = auto.dist[auto.edges[self.state][np.searchsorted(ids, cand)]]
+        d = auto.dist[auto.helper_next(self.state)[np.searchsorted(ids, cand)]]
         best = cand[d == d.min()]
         keep = np.zeros_like(words)
         np.bitwise_or.at(keep, best // 32, np.uint32(1) << (best % 32).astype(np.uint32))

@@ -21,7 +21,7 @@ from grammar.vocab import TokenVocab
 
 class GrammarCompiler:
     def __init__(self, vocab: TokenVocab, backend: str = DEFAULT_BACKEND, max_workers: int = 2,
-                 max_entries: int = 512):
+                 max_entries: int = 64):
         self.vocab = vocab
         self.backend = get_backend(backend, vocab)
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grammar-compile")

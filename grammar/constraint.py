@@ -36,6 +36,8 @@ class GrammarConstraint:
         if line.shape[0] > self.words:
             line[self.words :] = 0
         self.matcher.fill_mask(own)
+        if self.cursor.unrestricted(remaining_tokens):
+            return
         grammar_row = own.clone()
         if self.cursor.restrict(own, remaining_tokens):
             self.restricted_steps += 1
