@@ -28,7 +28,7 @@ BLOCK_SIZE = 16
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 KERNELS = [
     "decode", "prefill", "store_kv", "rms_norm", "fused_add_rms_norm", "rope", "qk_norm_rope_store",
-    "silu_and_mul", "bitmask",
+    "silu_and_mul", "bitmask", "gemv", "sample",
 ]  # fmt: skip
 
 
@@ -291,7 +291,7 @@ def build_cases(dtype, device, tiny: bool, only: set[str]) -> list[Case]:
                 lambda lg=logits, m=mask: ref.apply_token_bitmask_(lg, m),
                 b * vocab * 4 // 2 + mask.numel() * 4, check=check,
             ))  # fmt: skip
-    return cases
+    return cases + _gemv_sample_cases(dtype, device, tiny, only)
 
 
 PREFILL_SWEEP = [
@@ -383,6 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (smoke test; allowed on the CPU)")
     parser.add_argument("--sweep", action="store_true",
                         help="instead: sweep attention tile configs and decode split counts")  # fmt: skip
+    parser.add_argument("--sweep-gemv", default="",
+                        help="instead: sweep kernels.gemv configs vs cuBLAS at these M (comma list), "
+                        "and time the fused sampling")  # fmt: skip
     args = parser.parse_args(argv)
 
     only = {k.strip() for k in args.only.split(",") if k.strip()}
@@ -410,6 +413,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep:
         sweep(DTYPES[args.dtype], device, timer, args.tiny)
         return 0
+    if args.sweep_gemv:
+        if device.type != "cuda":
+            parser.error("--sweep-gemv needs a CUDA device")
+        sweep_gemv(DTYPES[args.dtype], device, [int(m) for m in args.sweep_gemv.split(",")])
+        sweep_sampling(device)
+        return 0
     header = f"{'kernel':<19} {'shape':<22} {'triton us':>10} {'graph us':>9} {'torch us':>10} "
     header += f"{'speedup':>8} {'GB/s':>8} {'TFLOP/s':>8} {'err':>9}"
     print(header)
@@ -428,6 +437,149 @@ def main(argv: list[str] | None = None) -> int:
             f"{speed:>8} {case.bytes / best / 1e9:>8.1f} {tflops:>8} {err_s:>9}"
         )
     return 0
+
+
+# ---- GEMV (decode projections) and fused sampling --------------------------------------------------
+
+GEMV_SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}
+
+
+def _streamed(call: Callable[[int], object], copies: int, reps: int) -> float:
+    """Seconds per call of call(i) over `copies` weight copies, captured in one CUDA graph and replayed:
+    each call reads its weights from HBM (the copies are several times the L2), as in a decode step."""
+    for i in range(copies):
+        call(i)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(copies):
+            call(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / copies)
+    return statistics.median(times)
+
+
+def _gemv_sweep_configs(m: int) -> list:
+    from kernels.gemv import GemvConfig
+
+    if m == 1:  # the (BLOCK_N, BLOCK_K) fp32 accumulator: <= 128 registers a thread
+        return [GemvConfig("fma", bn, bk, 1, w, 1) for bn in (1, 2, 4, 8, 16) for bk in (512, 1024, 2048)
+                for w in (2, 4, 8) if bn * bk <= 4096 * w]  # fmt: skip
+    if m <= 8:
+        fma = [GemvConfig("fma", bn, bk, 1, 4, 1) for bn in (2, 4, 8) for bk in (128, 256)
+               if m * bn * bk <= 8192]  # fmt: skip
+        dot = [GemvConfig("dot", 16, 128, s, 4, 3) for s in (1, 2, 4)] if m == 8 else []
+        return fma + dot
+    if m <= 32:
+        return [GemvConfig("dot", bn, bk, s, 4, 3) for bn in (16, 32, 64) for bk in (128, 256)
+                for s in (1, 2, 4)]  # fmt: skip
+    return [GemvConfig("dot", bn, 128, s, 4, 3) for bn in (32, 64) for s in (1, 2, 4)]
+
+
+def sweep_gemv(dtype, device, ms: list[int], reps: int = 10) -> None:
+    """Times kernels.gemv configurations vs cuBLAS (F.linear) on the Qwen3-0.6B projections, weights
+    streamed from HBM; prints the best per (shape, M) as TUNED entries for kernels/gemv.py, and the wins."""
+    from kernels.gemv import block_m_for, choose_config, gemv
+
+    elt = torch.tensor([], dtype=dtype).element_size()
+    weights = {}
+    for name, (n, k) in GEMV_SHAPES.items():
+        copies = max(4, (256 << 20) // (n * k * elt))
+        weights[name] = [_randn(n, k, dtype=dtype, device=device) for _ in range(copies)]
+    tuned, wins = [], {}
+    print("# gemv sweep: us per call (graph replay, weights streamed); TB/s of weight bytes")
+    for m in ms:
+        for name, (n, k) in GEMV_SHAPES.items():
+            ws = weights[name]
+            x = _randn(m, k, dtype=dtype, device=device)
+            t_cublas = _streamed(lambda i, ws=ws, x=x: torch.nn.functional.linear(x, ws[i]), len(ws), reps)
+            expect = torch.nn.functional.linear(x.float(), ws[0].float())
+            results = []
+            for cfg in _gemv_sweep_configs(m):
+                try:
+                    err = _err(gemv(x, ws[0], config=cfg), expect) / expect.abs().max().item()
+                    t = _streamed(lambda i, ws=ws, x=x, cfg=cfg: gemv(x, ws[i], config=cfg), len(ws), reps)
+                except Exception as exc:  # a config the chip cannot hold
+                    print(f"  {name} M={m} {tuple(cfg)}: {type(exc).__name__}: {str(exc)[:80]}")
+                    continue
+                results.append((t, tuple(cfg), err))
+            results.sort()
+            t_auto = _streamed(lambda i, ws=ws, x=x: gemv(x, ws[i]), len(ws), reps)
+            best_t, best_cfg, best_err = results[0]
+            tb = n * k * elt / 1e12
+            print(f"{name:8} M={m:<3} cublas {t_cublas * 1e6:7.2f} ({tb / t_cublas:.2f} TB/s)  "
+                  f"best {best_t * 1e6:7.2f} ({tb / best_t:.2f} TB/s) {best_cfg} rel_err {best_err:.1e}  "
+                  f"auto {t_auto * 1e6:7.2f} {tuple(choose_config(m, n, k, device))}")  # fmt: skip
+            print("    top: " + "  ".join(f"{c}={t * 1e6:.2f}" for t, c, _ in results[:5]))
+            tuned.append(f"    ({n}, {k}, {block_m_for(m)}): GemvConfig{best_cfg},  # {name} M={m}: "
+                         f"{best_t * 1e6:.2f} us vs cuBLAS {t_cublas * 1e6:.2f}")  # fmt: skip
+            if best_t < 0.97 * t_cublas:
+                wins[(n, k)] = max(wins.get((n, k), 0), m)
+            if name == "down" and m == 1:  # silu_and_mul fused into the down projection's input
+                from kernels.activation import silu_and_mul
+
+                gu = _randn(m, 2 * k, dtype=dtype, device=device)
+                t_two = _streamed(lambda i, ws=ws, gu=gu: gemv(silu_and_mul(gu), ws[i]), len(ws), reps)
+                t_fused = _streamed(lambda i, ws=ws, gu=gu: gemv(gu, ws[i], silu_mul=True), len(ws), reps)
+                print(f"    silu_and_mul + down: two launches {t_two * 1e6:.2f} us, "
+                      f"fused {t_fused * 1e6:.2f} us")  # fmt: skip
+    print("TUNED = {\n" + "\n".join(tuned) + "\n}")
+    print(f"wins (N, K) -> largest M: {wins}")
+
+
+def sweep_sampling(device, reps: int = 20) -> None:
+    """Fused sampling (kernels.sampling) vs the engine's torch path (softmax, exponential_, divide,
+    argmax), graph replay, float32 logits of the Qwen vocabulary."""
+    from kernels.sampling import sample_tokens
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    for b in (1, 32, 256):
+        logits = torch.randn(b, VOCAB, device=device) * 4
+        temps = torch.full((b,), 0.6, device=device)
+        t_fused = _streamed(lambda i, lg=logits, t=temps: sample_tokens(lg, t, 1234 + i), 8, reps)
+        t_torch = _streamed(lambda i, lg=logits, t=temps: ref.sample_tokens(lg, t, gen), 8, reps)
+        print(f"sample B={b:<4} fused {t_fused * 1e6:7.2f} us  torch {t_torch * 1e6:7.2f} us  "
+              f"({b * VOCAB * 4 / t_fused / 1e9:.0f} GB/s)")  # fmt: skip
+
+
+def _gemv_sample_cases(dtype, device, tiny: bool, only: set[str]) -> list[Case]:
+    from kernels.gemv import gemv
+    from kernels.sampling import sample_tokens
+
+    elt = torch.tensor([], dtype=dtype).element_size()
+    cases: list[Case] = []
+    if "gemv" in only:
+        shapes = {"tiny": (48, 40)} if tiny else GEMV_SHAPES
+        for m in (1, 8) if tiny else (1, 32):
+            for name, (n, k) in shapes.items():
+                x, w = _randn(m, k, dtype=dtype, device=device), _randn(n, k, dtype=dtype, device=device)
+                cases.append(Case(
+                    "gemv", f"{name} M={m} {n}x{k}", lambda x=x, w=w: gemv(x, w),
+                    lambda x=x, w=w: ref.linear(x, w), (n * k + m * k + m * n) * elt, 2 * m * n * k,
+                    check=lambda x=x, w=w: _err(gemv(x, w), ref.linear(*_f32(x, w))),
+                ))  # fmt: skip
+    if "sample" in only:
+        vocab = 1000 if tiny else VOCAB
+        for b in [2] if tiny else [1, 32]:
+            logits = torch.randn(b, vocab, device=device) * 4
+            temps = torch.full((b,), 0.6, device=device)
+            greedy = torch.zeros(b, device=device)
+            cases.append(Case(
+                "sample", f"{b}x{vocab} fp32 T=0.6", lambda lg=logits, t=temps: sample_tokens(lg, t, 7),
+                lambda lg=logits, t=temps: ref.sample_tokens(lg, t), b * vocab * 4,
+                check=lambda lg=logits, g=greedy: float(
+                    not torch.equal(sample_tokens(lg, g, 7), lg.argmax(dim=-1))
+                ),
+            ))  # fmt: skip
+    return cases
 
 
 if __name__ == "__main__":

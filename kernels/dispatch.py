@@ -221,3 +221,58 @@ def apply_token_bitmask_(
     sub = logits[rows]
     ref.apply_token_bitmask_(sub, bitmask[rows])
     logits[rows] = sub
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (..., K) @ weight (N, K)^T + bias: the Triton GEMV for decode-sized 16-bit batches on CUDA (the
+    shapes where it beats cuBLAS, kernels.gemv.use_gemv), else F.linear. fp32 stays on F.linear."""
+    if (
+        x.dim() == 2
+        and use_triton(x)
+        and weight.dtype == x.dtype
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and x.stride(-1) == 1
+        and weight.stride(-1) == 1
+        and (bias is None or bias.dtype == x.dtype)
+    ):
+        from kernels import gemv
+
+        if gemv.use_gemv(x.shape[0], weight.shape[0], weight.shape[1]):
+            return gemv.gemv(x, weight, bias)
+    return ref.linear(x, weight, bias)
+
+
+def silu_and_mul_linear(
+    gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """linear(silu_and_mul(gate_up), weight, bias): gate_up (M, 2K), weight (N, K). Where the Triton GEMV
+    runs (see `linear`), the activation is computed inside it as it reads its input: one launch, not two."""
+    if (
+        gate_up.dim() == 2
+        and use_triton(gate_up)
+        and weight.dtype == gate_up.dtype
+        and gate_up.dtype in (torch.bfloat16, torch.float16)
+        and gate_up.stride(-1) == 1
+        and weight.stride(-1) == 1
+        and (bias is None or bias.dtype == gate_up.dtype)
+    ):
+        from kernels import gemv
+
+        if gemv.use_gemv(gate_up.shape[0], weight.shape[0], weight.shape[1]):
+            return gemv.gemv(gate_up, weight, bias, silu_mul=True)
+    return linear(silu_and_mul(gate_up), weight, bias)
+
+
+def sample_tokens(
+    logits: torch.Tensor,  # (batch, vocab)
+    temperatures: torch.Tensor,  # (batch,) float32; 0 = greedy
+    seed: int,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:  # (batch,) int64
+    """Temperature sampling (softmax + exponential race), greedy where T == 0. On CUDA one fused pass
+    keyed by `seed`; the reference draws its noise from `generator`. Same law, different random streams."""
+    if use_triton(logits) and logits.dim() == 2 and logits.stride(-1) == 1:
+        from kernels.sampling import sample_tokens as triton_sample
+
+        return triton_sample(logits, temperatures, seed)
+    return ref.sample_tokens(logits, temperatures, generator)

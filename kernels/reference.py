@@ -205,3 +205,21 @@ def qk_norm_rope_store_kv(
     q, k = apply_rope(q, k, positions, cos_sin)
     store_kv(k, v, k_cache, v_cache, slot_mapping)
     return q, k
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    # x (M, K), weight (N, K), bias (N,) -> (M, N)
+    return F.linear(x, weight, bias)
+
+
+def sample_tokens(
+    logits: torch.Tensor,  # (batch, vocab)
+    temperatures: torch.Tensor,  # (batch,) float32; 0 = greedy
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:  # (batch,) int64
+    """softmax(logits / T), then the exponential race argmax(p / E), E ~ Exp(1); T == 0 rows: argmax."""
+    greedy = temperatures <= 0
+    t = torch.where(greedy, torch.ones_like(temperatures), temperatures)
+    probs = torch.softmax(logits.float() / t[:, None], dim=-1)
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    return torch.where(greedy, logits.argmax(dim=-1), (probs / noise).argmax(dim=-1))

@@ -1,0 +1,110 @@
+"""Temperature sampling fused into one pass over the logits (matches reference.sample_tokens in law).
+
+The engine's sampler draws argmax_i(p_i / E_i), E_i ~ Exp(1), p = softmax(logits / T) (the exponential
+race). Since softmax only rescales by a row constant, that equals argmax_i(logits_i / T - log E_i): no
+softmax, no probability tensor, no noise tensor. Here E_i = -log(U_i) with U_i from Philox keyed by
+(seed, row * vocab + i), and a row with T == 0 is greedy (plain argmax of its logits, ties to the
+lowest index, as torch.argmax).
+
+Two launches: programs of (row, chunk of the vocabulary) write their best (score, index); a second
+launch picks each row's best over its chunks (ties to the lowest index).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._jit import is_interpreting, kernel, next_pow2
+
+
+@kernel
+def _sample_chunk_kernel(
+    logits_ptr,  # (batch, vocab), row stride stride_l
+    temp_ptr,  # (batch,) float32; 0 = greedy
+    best_val_ptr,  # (batch, num_chunks) float32
+    best_idx_ptr,  # (batch, num_chunks) int32
+    vocab,
+    stride_l,
+    num_chunks,
+    chunk,  # vocabulary entries per program, a multiple of BLOCK
+    seed,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    t = tl.load(temp_ptr + row)
+    sampled = t > 0.0
+    t = tl.where(sampled, t, 1.0)
+    best_val = tl.full((BLOCK,), float("-inf"), dtype=tl.float32)
+    best_idx = tl.zeros((BLOCK,), dtype=tl.int32)
+    start = c * chunk
+    base = logits_ptr + row.to(tl.int64) * stride_l
+    for off in range(start, start + chunk, BLOCK):
+        cols = off + tl.arange(0, BLOCK)
+        mask = cols < vocab
+        lg = tl.load(base + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        u = tl.rand(seed, row * vocab + cols)  # U(0, 1)
+        e = -tl.log(u)  # Exp(1); u == 0 gives +inf: that token cannot win
+        score = tl.where(sampled, lg / t - tl.log(e), lg)
+        better = score > best_val  # strict: a lane keeps its earliest (lowest) index on ties
+        best_val = tl.where(better, score, best_val)
+        best_idx = tl.where(better, cols, best_idx)
+    top = tl.max(best_val, axis=0)
+    idx = tl.min(tl.where(best_val == top, best_idx, 2147483647), axis=0)
+    idx = tl.where(top == float("-inf"), start, idx)  # all -inf: the chunk's first index, as argmax
+    tl.store(best_val_ptr + row * num_chunks + c, top)
+    tl.store(best_idx_ptr + row * num_chunks + c, idx)
+
+
+@kernel
+def _sample_reduce_kernel(
+    best_val_ptr,  # (batch, num_chunks) float32
+    best_idx_ptr,  # (batch, num_chunks) int32
+    out_ptr,  # (batch,) int64
+    num_chunks,
+    BLOCK: tl.constexpr,  # >= num_chunks
+):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < num_chunks
+    val = tl.load(best_val_ptr + row * num_chunks + offs, mask=mask, other=float("-inf"))
+    idx = tl.load(best_idx_ptr + row * num_chunks + offs, mask=mask, other=2147483647)
+    top = tl.max(val, axis=0)
+    # chunks are in index order, so the lowest index among the tied chunks is the row's first maximum
+    tl.store(out_ptr + row, tl.min(tl.where(val == top, idx, 2147483647), axis=0).to(tl.int64))
+
+
+def sample_tokens(
+    logits: torch.Tensor,  # (batch, vocab) float32/bf16/fp16
+    temperatures: torch.Tensor,  # (batch,) float32 on logits' device; 0 = greedy
+    seed: int,
+    num_chunks: int | None = None,
+) -> torch.Tensor:  # (batch,) int64
+    if logits.dim() != 2 or logits.stride(-1) != 1:
+        raise ValueError(f"logits must be (batch, vocab), last dim contiguous, got {tuple(logits.shape)}")
+    batch, vocab = logits.shape
+    if temperatures.shape != (batch,) or temperatures.dtype != torch.float32:
+        raise ValueError("temperatures must be (batch,) float32")
+    out = torch.empty((batch,), dtype=torch.int64, device=logits.device)
+    if batch == 0:
+        return out
+    interp = is_interpreting(logits)
+    block = min(next_pow2(vocab), 256 if interp else 1024)
+    if num_chunks is None:
+        # fill the SMs: at batch 1 the 152k vocabulary goes to ~128 programs of ~1.2k entries
+        num_chunks = 1 if interp else max(1, min(triton.cdiv(vocab, 4 * block), triton.cdiv(256, batch)))
+    chunk = triton.cdiv(triton.cdiv(vocab, num_chunks), block) * block
+    num_chunks = triton.cdiv(vocab, chunk)
+    best_val = torch.empty((batch, num_chunks), dtype=torch.float32, device=logits.device)
+    best_idx = torch.empty((batch, num_chunks), dtype=torch.int32, device=logits.device)
+    seed = int(seed) & 0x7FFFFFFF
+    _sample_chunk_kernel[(batch, num_chunks)](
+        logits, temperatures.contiguous(), best_val, best_idx, vocab, logits.stride(0), num_chunks, chunk,
+        seed, BLOCK=block, num_warps=4,
+    )  # fmt: skip
+    _sample_reduce_kernel[(batch,)](
+        best_val, best_idx, out, num_chunks, BLOCK=next_pow2(num_chunks), num_warps=1
+    )
+    return out

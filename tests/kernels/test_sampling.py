@@ -1,0 +1,76 @@
+"""kernels.sampling: the fused temperature sampler draws from softmax(logits / T); greedy rows are exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import dispatch as ops
+from kernels import reference as ref
+from kernels.sampling import sample_tokens
+from tests.kernels.paged import gpu
+
+
+def _chi2_ok(tokens: torch.Tensor, probs: torch.Tensor) -> bool:
+    # Pearson chi-square over the tokens of expected count >= 5; 99.99th percentile of chi2(df <= 12) < 40
+    counts = torch.bincount(tokens, minlength=probs.numel()).double()
+    expected = probs.double() * tokens.numel()
+    keep = expected >= 5
+    stat = ((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum().item()
+    assert counts[~keep].sum() <= expected[~keep].sum() * 3 + 10
+    return stat < 40.0
+
+
+def _check_law(device, rows, chunks=None):
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 3.0, float("-inf"), 1.5], device=device)
+    temp = 0.7
+    probs = torch.softmax(logits / temp, dim=-1).cpu()
+    batch = logits.expand(rows, -1).contiguous()  # every row draws its own noise
+    temps = torch.full((rows,), temp, device=device)
+    tokens = sample_tokens(batch, temps, seed=123, num_chunks=chunks).cpu()
+    assert tokens.dtype == torch.int64 and int((tokens == 6).sum()) == 0  # -inf never drawn
+    assert _chi2_ok(tokens, probs)
+    few = slice(0, 16)
+    again = sample_tokens(batch[few], temps[few], seed=123, num_chunks=chunks).cpu()
+    assert torch.equal(tokens[few], again)  # same seed, same draw
+    other = sample_tokens(batch[few], temps[few], seed=124, num_chunks=chunks).cpu()
+    assert not torch.equal(tokens[few], other)
+
+
+def test_sampling_law_matches_softmax():
+    _check_law("cpu", 400)  # the interpreter runs ~100 programs/s: the GPU test draws 20k
+
+
+def test_sampling_law_with_chunks():
+    _check_law("cpu", 100, chunks=3)  # chunk boundaries inside the row: the row reduction picks right
+
+
+def test_reference_sampler_law():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, 3.0, float("-inf"), 1.5]]).expand(3000, -1)
+    tokens = ref.sample_tokens(logits, torch.full((3000,), 0.7), gen)
+    assert _chi2_ok(tokens, torch.softmax(logits[0] / 0.7, dim=-1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_greedy_rows_are_argmax(dtype):
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(5, 300, generator=g) * 3).to(dtype)
+    logits[1, 7] = logits[1, 250] = logits[1].max() + 1  # a tie: lowest index, as torch.argmax
+    logits[3] = float("-inf")  # all masked: index 0, as torch.argmax
+    temps = torch.tensor([0.0, 0.0, 0.8, 0.0, 1.0])
+    got = sample_tokens(logits, temps, seed=5, num_chunks=2)
+    greedy = temps == 0
+    assert torch.equal(got[greedy], logits.float().argmax(dim=-1)[greedy])
+    assert got[1] == 7 and got[3] == 0
+    assert torch.equal(ops.sample_tokens(logits.float(), temps, 5)[greedy], logits.float().argmax(-1)[greedy])
+
+
+@gpu
+def test_gpu_sampling():
+    _check_law("cuda", 20000)
+    logits = torch.randn(64, 151936, device="cuda") * 4
+    greedy = torch.zeros(64, device="cuda")
+    assert torch.equal(sample_tokens(logits, greedy, seed=1), logits.argmax(dim=-1))
+    hot = torch.full((64,), 0.6, device="cuda")
+    assert torch.equal(ops.sample_tokens(logits, hot, 3), sample_tokens(logits, hot, 3))
