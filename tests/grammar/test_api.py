@@ -77,3 +77,29 @@ def test_modes_and_strict_and_schema_key_accepted():
         spec = grammar_spec(TOOLS, choice, parallel_tool_calls=False)
         assert spec is not None
     assert grammar_spec(TOOLS, "none").mode == "none"  # free text that cannot open a call
+
+
+def test_rollback_restores_masks(tok, vocab):
+    import torch
+
+    f = build_constraint(tok, tools=TOOLS, tool_choice="required", max_tokens=64, vocab_size=MODEL_VOCAB)
+    f.wait()
+    c = f.new()
+    path = tok.encode('<tool_call>\n{"name": "Calculator", "arguments": {"input": "1+1"}}\n</tool_call>',
+                      add_special_tokens=False).ids + [vocab.eos_id]
+
+    def mask(remaining):
+        m = torch.full((1, vocab.mask_words), -1, dtype=torch.int32)
+        c.fill_bitmask(m, 0, remaining)
+        return m.clone()
+
+    before = mask(20)
+    for t in path[:5]:
+        assert c.accept_token(t)
+    c.rollback(5)
+    assert torch.equal(mask(20), before) and c.min_tokens_left == f.min_tokens
+    for t in path:
+        assert c.accept_token(t)
+    assert c.is_terminated() and not c.accept_token(path[0])
+    c.rollback(1)
+    assert not c.is_terminated()
