@@ -357,11 +357,24 @@ def bench_m1(args) -> dict:
 
 
 def bench_g1(args) -> dict:
+    """64 tool_choice=required requests through our tool-call grammar vs the same lengths free."""
+    import torch
+
+    from engine import LLM
+
     try:
-        from grammar.bench import main as g1_main
+        from grammar.bench import run_g1
     except ImportError as e:  # the grammar package needs its backend library
-        raise SystemExit(f"G1 needs the grammar package: {e}") from e
-    return g1_main(args)
+        raise SystemExit(f"G1 needs the grammar package and its backend: {e}") from e
+    with tempfile.TemporaryDirectory() as tmp:
+        if torch.cuda.is_available():
+            path = _checkpoint(QWEN3_06B, 151936, Path(tmp), dummy=True)
+            llm = LLM(path, load_format="dummy", dtype="bfloat16", max_model_len=4096)
+        else:
+            torch.set_num_threads(args.threads)
+            path = _checkpoint({**BENCH_SHAPE}, 151936, Path(tmp), dummy=False)
+            llm = LLM(path, device="cpu", dtype="float32", num_threads=args.threads)
+        return run_g1(llm, backend=args.grammar_backend)
 
 
 WORKLOADS = {
@@ -384,6 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2, help="CPU threads for both sides (CPU workloads)")
     p.add_argument("--eager", action="store_true", help="GPU: no CUDA graphs")
     p.add_argument("--repeats", type=int, default=3, help="M1: timed repetitions (best is reported)")
+    p.add_argument("--grammar-backend", default=None, help="G1: llguidance, xgrammar or outlines")
     p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     p.add_argument("--profile", action="store_true", help="print where the timed run spends its time")
     return p
