@@ -85,15 +85,15 @@ def _byte_dfa(regex: str) -> tuple[np.ndarray, np.ndarray, int]:
     single_bytes = Vocabulary(256, {bytes([b]): [b] for b in range(256)})
     index = Index(f"\\x{START:02x}(?:{regex})\\x{END:02x}", single_bytes)
     trans = index.get_transitions()
-    states = sorted(set(trans) | {index.get_initial_state()} | set(index.get_final_states()))
-    ids = {s: i for i, s in enumerate(states)}
+    states = np.array(sorted(set(trans) | {index.get_initial_state()} | set(index.get_final_states())))
+    ids = {int(s): i for i, s in enumerate(states)}
     n = len(states)
     table = np.full((n + 1, 256), n, dtype=np.int32)
     for s, out in trans.items():
-        row = table[ids[s]]
-        for b, nxt in out.items():
-            if b < 256:
-                row[b] = ids[nxt]
+        keys = np.fromiter(out.keys(), dtype=np.int64, count=len(out))
+        nxt = np.searchsorted(states, np.fromiter(out.values(), dtype=np.int64, count=len(out)))
+        keep = keys < 256  # (outlines' own EOS id is 256)
+        table[ids[s], keys[keep]] = nxt[keep]
     final = np.zeros(n + 1, dtype=bool)
     final[[ids[s] for s in index.get_final_states()]] = True
     return table, final, int(table[ids[index.get_initial_state()], START])
@@ -136,11 +136,18 @@ class BudgetAutomaton:
             b = self.token_bytes(tid)
             pad[j, : len(b)] = np.frombuffer(b, dtype=np.uint8)
         self.helper_bytes = pad
-        # D by value iteration over unit-cost edges: D[final] = 0 (EOS taken), dead = INF
+        # D by value iteration over unit-cost edges: D[final] = 0 (EOS taken), dead = INF. Only live
+        # edges, grouped by source state (most helpers are dead in most states)
+        src, hid = np.nonzero(n != edges.T)  # sorted by source
+        dst = edges[hid, src]
+        del edges
+        sources, starts = np.unique(src, return_index=True)
         dist = np.full(n + 1, INF, dtype=np.int32)
         dist[final] = 0
         while True:
-            cand = np.minimum(dist, dist[edges].min(axis=0) + 1)
+            cand = dist.copy()
+            best = np.minimum.reduceat(dist[dst], starts) + 1 if len(dst) else np.zeros(0, dtype=np.int32)
+            cand[sources] = np.minimum(cand[sources], best)
             cand[n] = INF
             cand[final] = 0
             if np.array_equal(cand, dist):
