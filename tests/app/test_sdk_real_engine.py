@@ -293,3 +293,24 @@ def test_disconnect_frees_the_engine(real_server):
     stats = engine.stats()
     assert stats["running"] == 0 and stats["waiting"] == 0, stats
     assert generated() - before < 900  # stopped early, not run to max_tokens
+
+
+@needs_grammar
+def test_sdk_helpers_parse_and_stream(client):
+    """The SDK's own accumulating helpers: structured output parse, and the chat stream manager."""
+    from pydantic import BaseModel, Field
+
+    class Answer(BaseModel):
+        word: str = Field(max_length=6)
+
+    parsed = client.chat.completions.parse(model="m", messages=MSGS, response_format=Answer, max_tokens=60)
+    assert isinstance(parsed.choices[0].message.parsed, Answer)
+
+    with client.chat.completions.stream(
+        model="m", messages=MSGS, tools=[CALC], tool_choice="required", max_tokens=120
+    ) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_completion()
+    call = final.choices[0].message.tool_calls[0]
+    assert call.function.name == "Calculator" and set(json.loads(call.function.arguments)) == {"input"}
