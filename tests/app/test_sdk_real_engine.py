@@ -314,3 +314,31 @@ def test_sdk_helpers_parse_and_stream(client):
         final = stream.get_final_completion()
     call = final.choices[0].message.tool_calls[0]
     assert call.function.name == "Calculator" and set(json.loads(call.function.arguments)) == {"input"}
+
+
+@needs_grammar
+def test_sdk_responses_stream_helper(client):
+    """The SDK's Responses stream manager rebuilds the response from our events."""
+    tool = {
+        "type": "function",
+        "name": "Calculator",
+        "parameters": CALC["function"]["parameters"],
+        "strict": False,
+    }
+    with client.responses.stream(
+        model="m", input="6*7?", tools=[tool], tool_choice="required", max_output_tokens=120
+    ) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_response()
+    calls = [o for o in final.output if o.type == "function_call"]
+    assert calls and all(set(json.loads(c.arguments)) == {"input"} for c in calls)
+    with client.responses.stream(model="m", input="hi", max_output_tokens=8) as stream:
+        events = list(stream)
+    # the random model runs into max_output_tokens: the terminal event is response.incomplete
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    last = events[-1]
+    assert last.type in ("response.incomplete", "response.completed")
+    assert last.response.output_text == text
+    if last.type == "response.incomplete":
+        assert last.response.incomplete_details.reason == "max_output_tokens"
