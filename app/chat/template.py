@@ -87,8 +87,9 @@ class PromptRenderer:
             log.warning("the chat template ignores tools; tools are written into the system message")
 
     def render(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None) -> str:
-        if tools and not self.supports_tools:
-            convo = _tools_as_text(messages, tools)
+        has_tool_turns = any(m.tool_calls or m.role == "tool" for m in messages)
+        if not self.supports_tools and (tools or has_tool_turns):
+            convo = _tools_as_text(messages, tools or [])
             tools = None
         else:
             convo = [m.to_template() for m in messages]
@@ -118,14 +119,15 @@ def _call_text(name: str, arguments: str) -> str:
 
 def _tools_as_text(messages: list[ChatMessage], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """For templates without tool support: every tool concept becomes plain message text."""
-    intro = _TOOLS_INTRO.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
     out: list[dict[str, Any]] = []
-    if messages and messages[0].role == "system":
-        out.append({"role": "system", "content": messages[0].content + "\n\n" + intro})
-        rest = messages[1:]
-    else:
-        out.append({"role": "system", "content": intro})
-        rest = messages
+    rest = messages
+    if tools:
+        intro = _TOOLS_INTRO.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+        if messages and messages[0].role == "system":
+            out.append({"role": "system", "content": messages[0].content + "\n\n" + intro})
+            rest = messages[1:]
+        else:
+            out.append({"role": "system", "content": intro})
     for m in rest:
         if m.role == "assistant" and m.tool_calls:
             calls = [_call_text(c["function"]["name"], c["function"]["arguments"]) for c in m.tool_calls]

@@ -96,3 +96,12 @@ def test_template_errors_are_400(qwen_tokenizer):
     with pytest.raises(APIError) as info:
         PromptRenderer(Swapped(qwen_tokenizer, raising)).render([ChatMessage("user", "hi")], None)
     assert info.value.status_code == 400 and "alternate" in info.value.message
+
+
+def test_tool_history_without_tools_on_a_template_without_tool_support(qwen_tokenizer):
+    r = PromptRenderer(Swapped(qwen_tokenizer, CHATML_NO_TOOLS))
+    text = r.render(HISTORY, None)
+    assert "# Tools" not in text
+    assert text.startswith("<|im_start|>system\nBe nice.<|im_end|>")
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
+    assert "<|im_start|>user\n<tool_response>\nSunny\n</tool_response><|im_end|>" in text
