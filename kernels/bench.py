@@ -537,15 +537,14 @@ def sweep_gemv(dtype, device, ms: list[int], reps: int = 10) -> None:
 
 def sweep_sampling(device, reps: int = 20) -> None:
     """Fused sampling (kernels.sampling) vs the engine's torch path (softmax, exponential_, divide,
-    argmax), graph replay, float32 logits of the Qwen vocabulary."""
+    argmax; default generator: a private one cannot be captured), graph replay, float32 Qwen-vocab logits."""
     from kernels.sampling import sample_tokens
 
-    gen = torch.Generator(device=device).manual_seed(0)
     for b in (1, 32, 256):
         logits = torch.randn(b, VOCAB, device=device) * 4
         temps = torch.full((b,), 0.6, device=device)
         t_fused = _streamed(lambda i, lg=logits, t=temps: sample_tokens(lg, t, 1234 + i), 8, reps)
-        t_torch = _streamed(lambda i, lg=logits, t=temps: ref.sample_tokens(lg, t, gen), 8, reps)
+        t_torch = _streamed(lambda i, lg=logits, t=temps: ref.sample_tokens(lg, t), 8, reps)
         print(f"sample B={b:<4} fused {t_fused * 1e6:7.2f} us  torch {t_torch * 1e6:7.2f} us  "
               f"({b * VOCAB * 4 / t_fused / 1e9:.0f} GB/s)")  # fmt: skip
 

@@ -172,10 +172,11 @@ def _split_k_reduce_kernel(
 # --sweep-gemv 1,2,4,8,16,32,64`, 2026-11-29): (N, K, BLOCK_M) -> config, for the Qwen3-0.6B projections
 # qkv 4096x1024, o 1024x2048, gate_up 6144x1024, down 1024x3072. Other shapes use `_heuristic`.
 TUNED: dict[tuple[int, int, int], GemvConfig] = {
-    (4096, 1024, 1): GemvConfig("fma", 4, 512, 1, 4, 1),  # qkv M=1: 4.60 us vs cuBLAS 5.02
-    (1024, 2048, 1): GemvConfig("fma", 1, 1024, 1, 4, 1),  # o M=1: 3.53 us vs cuBLAS 12.73
-    (6144, 1024, 1): GemvConfig("fma", 8, 512, 1, 4, 1),  # gate_up M=1: 5.88 us vs cuBLAS 6.26
-    (1024, 3072, 1): GemvConfig("fma", 1, 1024, 1, 4, 1),  # down M=1: 4.40 us vs cuBLAS 6.67
+    # M = 1 from a second, wider sweep (2, 4 or 8 warps; BLOCK_K up to 2048): same-config spread ~1%
+    (4096, 1024, 1): GemvConfig("fma", 4, 512, 1, 2, 1),  # qkv M=1: 4.50 us vs cuBLAS 5.03
+    (1024, 2048, 1): GemvConfig("fma", 1, 1024, 1, 4, 1),  # o M=1: 3.49 us vs cuBLAS 12.67
+    (6144, 1024, 1): GemvConfig("fma", 4, 512, 1, 2, 1),  # gate_up M=1: 5.46 us vs cuBLAS 5.96
+    (1024, 3072, 1): GemvConfig("fma", 1, 1024, 1, 4, 1),  # down M=1: 4.32 us vs cuBLAS 6.74
     (1024, 2048, 2): GemvConfig("fma", 2, 256, 1, 4, 1),  # o M=2: 6.37 us vs cuBLAS 12.77
     (1024, 2048, 4): GemvConfig("fma", 2, 256, 1, 4, 1),  # o M=4: 6.67 us vs cuBLAS 8.29
 }
