@@ -3,6 +3,8 @@ then greedy or temperature / top-k / top-p / min-p sampling, and logprobs."""
 
 from __future__ import annotations
 
+import random
+
 import torch
 
 from engine.model_runner import host_to_device
@@ -16,6 +18,9 @@ class Sampler:
         self.eos_token_ids = sorted(eos_token_ids)
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(seed)
+        self._seeds = random.Random(seed)  # per-step seeds of the fused sampler (drawn on the host: no sync)
+        self._temps_key: tuple[float, ...] | None = None  # the fused sampler's last (batch,) temperatures
+        self._temps: torch.Tensor | None = None
         self._bitmask: torch.Tensor | None = None
 
     def _bitmask_for(self, rows: int) -> torch.Tensor:
@@ -56,6 +61,12 @@ class Sampler:
         """(batch, vocab) processed logits -> (batch,) token ids."""
         if all(s.params.greedy for s in seqs):
             return logits.argmax(dim=-1)
+        if ops.use_triton(logits) and all(_plain(s) for s in seqs):
+            # fast path: temperature + exponential race + argmax in one pass (kernels.sampling); 0 = greedy
+            key = tuple(0.0 if s.params.greedy else s.params.temperature for s in seqs)
+            if key != self._temps_key:  # a steady batch reuses its device tensor: no upload per step
+                self._temps_key, self._temps = key, host_to_device(list(key), torch.float32, logits.device)
+            return ops.sample_tokens(logits, self._temps, self._seeds.getrandbits(31))
         temps = host_to_device(
             [1.0 if s.params.greedy else s.params.temperature for s in seqs], torch.float32, logits.device
         )
@@ -73,6 +84,12 @@ class Sampler:
                 host_to_device(greedy, torch.bool, logits.device), logits.argmax(dim=-1), sampled
             )
         return sampled
+
+
+def _plain(seq: Sequence) -> bool:
+    """No top-k / top-p / min-p filter and no per-request seed: the fused sampler applies."""
+    p = seq.params
+    return seq.generator is None and p.top_k <= 0 and p.top_p >= 1.0 and p.min_p <= 0
 
 
 def _remaining_tokens(seq: Sequence) -> int:

@@ -72,7 +72,8 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = ops.linear(x, self.qkv_proj.weight, self.qkv_proj.bias)  # decode: Triton GEMV
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(t, self.num_heads, self.head_dim)
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
@@ -83,7 +84,7 @@ class Attention(nn.Module):
             q, k, v, q_w, k_w, eps, positions, cos_sin, kv_cache[0], kv_cache[1], meta.slot_mapping
         )
         o = paged_attention(q, kv_cache[0], kv_cache[1], meta, self.scale, self.sliding_window)
-        return self.o_proj(o.reshape(t, self.q_size))
+        return ops.linear(o.reshape(t, self.q_size), self.o_proj.weight, self.o_proj.bias)
 
 
 def _layer_sliding_window(config, layer_idx: int) -> int | None:
@@ -114,7 +115,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+        gate_up = ops.linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias)
+        return ops.silu_and_mul_linear(gate_up, self.down_proj.weight, self.down_proj.bias)
 
 
 class DecoderLayer(nn.Module):
