@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+
 import llguidance
 import torch
 
+from grammar.budget import _bit
 from grammar.vocab import FORBIDDEN, RESERVED, TAG_CLOSE, TAG_OPEN, TokenVocab
+
+log = logging.getLogger("chatloom.grammar")
+# the whole call is one lexeme (a big regex): give the lexer room (defaults: 1M / 200k fuel) so a
+# mask over a 150k vocabulary inside a long string never runs out mid-step
+_LIMITS = llguidance.LLParserLimits(initial_lexer_fuel=20_000_000, step_lexer_fuel=5_000_000,
+                                    max_lexer_states=1_000_000)
 
 
 class _TokenTable:
@@ -41,16 +50,23 @@ class _TokenTable:
 
 
 class LLGuidanceMatcher:
-    __slots__ = ("m",)
+    __slots__ = ("m", "eos_id")
 
-    def __init__(self, m: llguidance.LLMatcher):
+    def __init__(self, m: llguidance.LLMatcher, eos_id: int):
         self.m = m
+        self.eos_id = eos_id
 
     def accept_token(self, token_id: int) -> bool:
         return self.m.consume_token(token_id)
 
     def fill_mask(self, row: torch.Tensor) -> None:
         self.m.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
+        if self.m.is_error():
+            # llguidance never raises on grammar trouble (e.g. a step over its fuel limit): end the
+            # sequence with EOS rather than sample from an empty or stale row
+            log.error("llguidance matcher error, ending the sequence: %s", self.m.get_error())
+            row.zero_()
+            row[self.eos_id // 32] = _bit(self.eos_id % 32)
 
     def rollback(self, num_tokens: int) -> None:
         self.m.rollback(num_tokens)
@@ -60,11 +76,12 @@ class LLGuidanceMatcher:
 
 
 class LLGuidanceGrammar:
-    def __init__(self, prototype: llguidance.LLMatcher):
+    def __init__(self, prototype: llguidance.LLMatcher, eos_id: int):
         self.prototype = prototype  # never advanced; each request gets a deep copy
+        self.eos_id = eos_id
 
     def matcher(self) -> LLGuidanceMatcher:
-        return LLGuidanceMatcher(self.prototype.deep_copy())
+        return LLGuidanceMatcher(self.prototype.deep_copy(), self.eos_id)
 
 
 class LLGuidanceBackend:
@@ -77,7 +94,7 @@ class LLGuidanceBackend:
 
     def compile(self, regex: str) -> LLGuidanceGrammar:
         grammar = llguidance.LLMatcher.grammar_from_regex(regex)
-        m = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+        m = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=_LIMITS)
         if m.is_error():
             raise ValueError(f"llguidance cannot compile the grammar: {m.get_error()}")
-        return LLGuidanceGrammar(m)
+        return LLGuidanceGrammar(m, self.vocab.eos_id)

@@ -78,3 +78,15 @@ def test_backends_agree_on_the_first_masks(tok, vocab, backend):
         assert t in masks[0]
         assert ref.accept_token(t) and other.accept_token(t)
     assert ref.is_terminated() and other.is_terminated()
+
+
+def test_llguidance_error_state_ends_with_eos(tok, vocab):
+    from grammar.backend import get_backend
+    from grammar.tools import grammar_spec
+
+    g = get_backend("llguidance", vocab).compile(grammar_spec(SMALL, "required").regex)
+    m = g.matcher()
+    m.m.consume_token(9707)  # "Hello" where only <tool_call> may come: the matcher is now in error
+    row = torch.full((vocab.mask_words,), -1, dtype=torch.int32)
+    m.fill_mask(row)
+    assert allowed_ids(row, MODEL_VOCAB).tolist() == [vocab.eos_id]
