@@ -103,3 +103,33 @@ def test_rollback_restores_masks(tok, vocab):
     assert c.is_terminated() and not c.accept_token(path[0])
     c.rollback(1)
     assert not c.is_terminated()
+
+
+def test_without_vocab_size_a_wider_engine_bitmask_works(tok):
+    # the app passes no vocab_size: our table has the tokenizer's 151,665 ids, the engine's bitmask
+    # follows the model's 151,936 rows; the extra words must come back disallowed
+    import json
+
+    import jsonschema
+    import torch
+
+    from tests.grammar.driver import allowed_ids
+
+    f = build_constraint(tok, tools=TOOLS, tool_choice="required", max_tokens=40)
+    f.wait()
+    c = f.new()
+    words = (MODEL_VOCAB + 31) // 32
+    ids = []
+    for step in range(40):
+        m = torch.full((2, words), -1, dtype=torch.int32)
+        c.fill_bitmask(m, 1, 40 - step)
+        allowed = allowed_ids(m[1], MODEL_VOCAB)
+        assert allowed.max() < 151665 and bool((m[0] == -1).all())
+        tok_id = int(allowed[step * 7919 % len(allowed)])
+        assert c.accept_token(tok_id)
+        ids.append(tok_id)
+        if c.is_terminated():
+            break
+    text = tok.decode(ids, skip_special_tokens=False)
+    body = text.split("<tool_call>\n")[1].split("\n</tool_call>")[0]
+    jsonschema.validate(json.loads(body)["arguments"], TOOLS[0]["function"]["parameters"])
