@@ -58,3 +58,7 @@ def test_gpu_dispatch_picks_triton_and_env_forces_torch(monkeypatch):
     assert max_err(out, expect) < 2e-2
     pre = dispatch.paged_attention(q, kc, vc, bt, cu, sl, 128**-0.5)
     assert max_err(pre, expect) < 2e-2
+    qkv = torch.randn(4, 32, 128, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(128, device="cuda", dtype=torch.bfloat16)
+    heads = qkv[:, :16]  # Qwen3's per-head q norm on a strided (tokens, heads, head_dim) view
+    assert max_err(dispatch.rms_norm(heads, w, 1e-6), ref.rms_norm(heads, w, 1e-6)) < 3e-2
