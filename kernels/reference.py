@@ -75,15 +75,16 @@ def paged_attention(
         s, e = cu[i], cu[i + 1]
         if e == s:
             continue
-        k = gather_kv(k_cache, block_tables[i], ctx).to(q.dtype)  # (ctx, hk, d)
-        v = gather_kv(v_cache, block_tables[i], ctx).to(q.dtype)
-        k = k.repeat_interleave(group, dim=1).transpose(0, 1)  # (h, ctx, d)
-        v = v.repeat_interleave(group, dim=1).transpose(0, 1)
+        k = gather_kv(k_cache, block_tables[i], ctx).to(q.dtype).transpose(0, 1)  # (hk, ctx, d)
+        v = gather_kv(v_cache, block_tables[i], ctx).to(q.dtype).transpose(0, 1)
         qi = q[s:e].transpose(0, 1)  # (h, q_len, d)
-        q_pos = torch.arange(ctx - (e - s), ctx, device=q.device)
-        k_pos = torch.arange(ctx, device=q.device)
-        bias = _bias(q_pos, k_pos, num_heads, sliding_window, alibi_slopes).to(q.dtype)
-        o = F.scaled_dot_product_attention(qi, k, v, attn_mask=bias, scale=scale)
+        if e - s == ctx and sliding_window is None and alibi_slopes is None:
+            o = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=scale, enable_gqa=group > 1)
+        else:
+            q_pos = torch.arange(ctx - (e - s), ctx, device=q.device)
+            k_pos = torch.arange(ctx, device=q.device)
+            bias = _bias(q_pos, k_pos, num_heads, sliding_window, alibi_slopes).to(q.dtype)
+            o = F.scaled_dot_product_attention(qi, k, v, attn_mask=bias, scale=scale, enable_gqa=group > 1)
         out[s:e] = o.transpose(0, 1)
     return out
 
@@ -98,29 +99,28 @@ def decode_attention(
     sliding_window: int | None = None,
     alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:  # (batch, num_heads, head_dim)
-    """One batched gather + one attention for all decoding sequences (no per-sequence loop)."""
+    """One batched gather + one attention for all decoding sequences (no per-sequence loop): the
+    query heads of a KV head are the 'query rows' of that head, so GQA needs no K/V repeat."""
     b, h, d = q.shape
     nb, bs, hk, _ = k_cache.shape
     group = h // hk
     max_len = int(seq_lens.max())
     n_blocks = (max_len + bs - 1) // bs
-    slots = (block_tables[:, :n_blocks].long() * bs)[:, :, None] + torch.arange(bs, device=q.device)
-    slots = slots.reshape(b, n_blocks * bs)[:, :max_len]  # (b, L)
-    k = k_cache.view(nb * bs, hk, d)[slots].to(q.dtype)  # (b, L, hk, d)
-    v = v_cache.view(nb * bs, hk, d)[slots].to(q.dtype)
-    qg = q.view(b, hk, group, d)
-    scores = torch.einsum("bkgd,blkd->bkgl", qg.float(), k.float()) * scale  # (b, hk, g, L)
+    idx = block_tables[:, :n_blocks].long()
+    k = k_cache[idx].view(b, n_blocks * bs, hk, d)[:, :max_len].transpose(1, 2).to(q.dtype)  # (b, hk, L, d)
+    v = v_cache[idx].view(b, n_blocks * bs, hk, d)[:, :max_len].transpose(1, 2).to(q.dtype)
     pos = torch.arange(max_len, device=q.device)
     valid = pos[None, :] < seq_lens[:, None]  # (b, L)
     if sliding_window is not None:
         valid &= pos[None, :] >= (seq_lens[:, None] - sliding_window)
-    if alibi_slopes is not None:
-        dist = (pos[None, :] - (seq_lens[:, None] - 1)).float()  # (b, L)
-        scores = scores + alibi_slopes.view(1, hk, group, 1).float() * dist[:, None, None, :]
-    scores.masked_fill_(~valid[:, None, None, :], float("-inf"))
-    probs = scores.softmax(dim=-1)
-    out = torch.einsum("bkgl,blkd->bkgd", probs, v.float())
-    return out.reshape(b, h, d).to(q.dtype)
+    if alibi_slopes is None:
+        mask = valid[:, None, None, :]
+    else:
+        dist = (pos[None, :] - (seq_lens[:, None] - 1)).float()  # (b, L), <= 0 inside the context
+        mask = alibi_slopes.view(1, hk, group, 1).float() * dist[:, None, None, :]
+        mask = mask.masked_fill(~valid[:, None, None, :], float("-inf")).to(q.dtype)
+    out = F.scaled_dot_product_attention(q.view(b, hk, group, d), k, v, attn_mask=mask, scale=scale)
+    return out.reshape(b, h, d)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
