@@ -9,9 +9,9 @@ import random
 import jsonschema
 import numpy as np
 import pytest
-from grammar.bench import G1_TOOLS
 
 from grammar.api import build_constraint
+from grammar.bench import G1_TOOLS
 from grammar.budget import BudgetCursor
 from tests.grammar.conftest import MODEL_VOCAB
 from tests.grammar.driver import RandomLogits, allowed_ids, decode, split_output
