@@ -36,14 +36,19 @@ QWEN3_06B = dict(
 
 
 # ---- workloads (token ids fixed by the recipes of benchmarks.md) ---------------------------------
-def c1_workload() -> tuple[list[list[int]], list[int]]:
+def _mixed_workload(n: int, in_range: tuple[int, int], out_range: tuple[int, int], max_id: int):
+    """benchmarks.md's mixed recipe: Random(0); per request n_in, its ids, then n_out."""
     rng = random.Random(0)
     prompts, outs = [], []
-    for _ in range(16):
-        n_in = rng.randint(32, 256)
-        prompts.append([rng.randint(0, 8000) for _ in range(n_in)])
-        outs.append(rng.randint(16, 128))
+    for _ in range(n):
+        n_in = rng.randint(*in_range)
+        prompts.append([rng.randint(0, max_id) for _ in range(n_in)])
+        outs.append(rng.randint(*out_range))
     return prompts, outs
+
+
+def c1_workload() -> tuple[list[list[int]], list[int]]:
+    return _mixed_workload(16, (32, 256), (16, 128), 8000)
 
 
 def w1_workload() -> tuple[list[list[int]], list[int]]:
@@ -52,13 +57,7 @@ def w1_workload() -> tuple[list[list[int]], list[int]]:
 
 
 def w2_workload() -> tuple[list[list[int]], list[int]]:
-    rng = random.Random(0)
-    prompts, outs = [], []
-    for _ in range(256):
-        n_in = rng.randint(100, 1024)
-        prompts.append([rng.randint(0, 10000) for _ in range(n_in)])
-        outs.append(rng.randint(100, 1024))
-    return prompts, outs
+    return _mixed_workload(256, (100, 1024), (100, 1024), 10000)
 
 
 def w3_workload() -> tuple[list[list[int]], list[int]]:

@@ -28,17 +28,11 @@ CLOSE_TAG_TEXT = "</tool_call>"
 EOS_TEXT = "<|im_end|>"
 
 
-def _byte_decoder() -> dict[str, int]:
-    # inverse of GPT-2's bytes_to_unicode: the printable stand-ins byte-level BPE uses for raw bytes
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+def byte_decoder() -> dict[str, int]:
+    """The raw byte behind each printable stand-in character of byte-level BPE vocabularies."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {char: byte for byte, char in bytes_to_unicode().items()}
 
 
 def _raw_tokenizer(tokenizer):
@@ -99,7 +93,7 @@ def vocab_for(tokenizer, vocab_size: int | None = None) -> TokenVocab:
 def _build(tokenizer, vocab_size: int | None) -> TokenVocab:
     raw = _raw_tokenizer(tokenizer)
     n = raw.get_vocab_size(with_added_tokens=True)
-    decoder = _byte_decoder()
+    decoder = byte_decoder()
     added = {}
     for tid, tok in raw.get_added_tokens_decoder().items():
         added[tid] = tok

@@ -15,6 +15,7 @@ import anyio
 
 from app.errors import APIError
 from app.metrics import Metrics
+from grammar.vocab import byte_decoder
 
 log = logging.getLogger("chatloom.generation")
 
@@ -182,23 +183,6 @@ async def watch_disconnect(request: Any, run: EngineRun, interval: float = 0.2) 
 
 
 @lru_cache(maxsize=1)
-def _byte_decoder() -> dict[str, int]:
-    # the GPT-2 byte-level alphabet: each byte shown as one printable char
-    bs = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
-
-
 class TokenText:
     """token id -> (text, utf-8 bytes) for logprobs, cached per tokenizer."""
 
@@ -212,7 +196,7 @@ class TokenText:
         if hit is not None:
             return hit
         piece = self.tokenizer.convert_ids_to_tokens(token_id)
-        decoder = _byte_decoder()
+        decoder = byte_decoder()
         if piece is not None and token_id not in self._special and all(ch in decoder for ch in piece):
             raw = bytes(decoder[ch] for ch in piece)
         else:
