@@ -3,7 +3,9 @@ then greedy or temperature / top-k / top-p / min-p sampling, and logprobs."""
 
 from __future__ import annotations
 
+import os
 import random
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -13,7 +15,14 @@ from kernels import dispatch as ops
 
 
 class Sampler:
-    def __init__(self, vocab_size: int, eos_token_ids: set[int], device: torch.device, seed: int) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        eos_token_ids: set[int],
+        device: torch.device,
+        seed: int,
+        mask_threads: int | None = None,  # threads filling grammar masks; None: one per spare core, <= 8
+    ) -> None:
         self.vocab_size = vocab_size
         self.eos_token_ids = sorted(eos_token_ids)
         self.device = device
@@ -22,6 +31,8 @@ class Sampler:
         self._temps_key: tuple[float, ...] | None = None  # the fused sampler's last (batch,) temperatures
         self._temps: torch.Tensor | None = None
         self._bitmask: torch.Tensor | None = None
+        workers = min(8, (os.cpu_count() or 1) - 1) if mask_threads is None else mask_threads
+        self._fill_pool = ThreadPoolExecutor(workers, "chatloom-mask") if workers > 1 else None
 
     def _bitmask_for(self, rows: int) -> torch.Tensor:
         words = (self.vocab_size + 31) // 32
@@ -50,10 +61,13 @@ class Sampler:
         if constrained:
             bitmask = self._bitmask_for(len(seqs))
             bitmask[:].fill_(-1)
-            for i in constrained:
-                seq = seqs[i]
-                budget = _remaining_tokens(seq)
-                seq.constraint.fill_bitmask(bitmask, i, budget)
+            fills = [(seqs[i].constraint, i, _remaining_tokens(seqs[i])) for i in constrained]
+            if len(fills) > 1 and self._fill_pool is not None:
+                # rows are independent; the matchers release the GIL while they walk the vocabulary
+                list(self._fill_pool.map(lambda f: f[0].fill_bitmask(bitmask, f[1], f[2]), fills))
+            else:
+                for constraint, row, budget in fills:
+                    constraint.fill_bitmask(bitmask, row, budget)
             ops.apply_token_bitmask_(logits, bitmask.to(logits.device, non_blocking=True))
         return logits
 

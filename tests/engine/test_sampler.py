@@ -192,3 +192,38 @@ def test_sampling_params_validation(kwargs):
 def test_sampling_params_stop_string_normalised():
     assert SamplingParams(stop="x").stop == ["x"]
     assert SamplingParams(stop=["", "y"]).stop == ["y"]
+
+
+class _OneToken:
+    """A constraint that allows exactly one token, different per row; records the budget it saw."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+        self.budgets: list[int] = []
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int, remaining_tokens: int) -> None:
+        self.budgets.append(remaining_tokens)
+        bitmask[row].zero_()
+        bitmask[row, self.token // 32] = 1 << (self.token % 32)
+
+    def accept_token(self, token_id: int) -> bool:
+        return token_id == self.token
+
+    def is_terminated(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("threads", [0, 4])
+def test_grammar_masks_filled_per_row(threads):
+    s = Sampler(VOCAB, {EOS}, torch.device("cpu"), seed=0, mask_threads=threads)
+    seqs = []
+    for i in range(6):
+        seq = make_seq(SamplingParams(temperature=0.0, max_tokens=10 + i), output=(2,) * i)
+        if i != 3:  # one unconstrained row in the middle keeps its argmax
+            seq.constraint = _OneToken(i)
+        seqs.append(seq)
+    logits = s.process(row(0.0, 0.0, 0.0, 5.0).repeat(6, 1), seqs)
+    tokens = s.sample(logits, seqs).tolist()
+    assert tokens == [0, 1, 2, 3, 4, 5]
+    # each row's remaining budget: max_tokens minus the tokens it already generated
+    assert [seq.constraint.budgets for i, seq in enumerate(seqs) if i != 3] == [[10], [10], [10], [10], [10]]
