@@ -24,6 +24,13 @@ log = logging.getLogger("chatloom.engine")
 _DONE = object()
 
 
+class _Failed:
+    """Delivered to a stream whose request was ended by a failed engine step."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
 class AsyncEngine:
     def __init__(self, config: EngineConfig | None = None, **kwargs) -> None:
         self.config = config or EngineConfig(**kwargs)
@@ -85,6 +92,9 @@ class AsyncEngine:
                 item = await out_q.get()
                 if item is _DONE:
                     raise RuntimeError(f"engine stopped: {self.error!r}")
+                if isinstance(item, _Failed):
+                    remaining = 0  # already ended in the engine
+                    raise RuntimeError(f"generation failed: {item.error!r}") from item.error
                 if item.finish_reason is not None:
                     remaining -= 1
                 yield item
@@ -108,6 +118,12 @@ class AsyncEngine:
             if stream is not None:
                 loop, q = stream
                 loop.call_soon_threadsafe(q.put_nowait, out)
+
+    def _fail(self, request_id: str, error: Exception) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            loop, q = stream
+            loop.call_soon_threadsafe(q.put_nowait, _Failed(error))
 
     def _run_commands(self) -> None:
         while True:
@@ -135,7 +151,14 @@ class AsyncEngine:
             while not self._stopping:
                 self._run_commands()
                 if self.core.has_unfinished():
-                    outputs = self.core.step()
+                    try:
+                        outputs = self.core.step()
+                    except Exception as e:  # one bad step fails its requests, not the server
+                        log.exception("engine step failed; its requests are ended")
+                        for rid in self.core.abort_all():
+                            self._fail(rid, e)
+                        self._stats = self.core.stats()
+                        continue
                     self._stats = self.core.stats()  # before delivering: a finished stream sees freed blocks
                     self._deliver(outputs)
                     if not outputs and not self.core.scheduler.running:

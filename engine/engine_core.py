@@ -164,6 +164,15 @@ class EngineCore:
                 outs.append(self._output(seq, [], None, ""))
         return outs
 
+    def abort_all(self) -> list[str]:
+        """After a failed step: end every request (their state may be half-updated) and return
+        their ids; the engine is consistent and empty afterwards."""
+        ids = list(self.requests)
+        for rid in ids:
+            self.abort(rid)
+        self._inflight = None
+        return ids
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._inflight is not None
 

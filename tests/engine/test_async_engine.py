@@ -184,3 +184,18 @@ async def test_retention_key_requests_keep_working(engine):
     assert turn2["tokens"] == (await collect(engine, history, greedy(6)))["tokens"]
     s = await wait_idle(engine)
     assert s["free_blocks"] == s["total_blocks"] and s["prefix_cache_hit_tokens"] > 0
+
+
+async def test_failed_step_ends_its_requests_and_the_engine_keeps_serving(engine):
+    def explode(ids, logits):
+        raise RuntimeError("processor exploded")
+
+    bad = greedy(6, logits_processors=[explode])
+    with pytest.raises(RuntimeError, match="generation failed"):
+        async for _ in engine.generate([5, 6, 7], bad, request_id="boom"):
+            pass
+    outs = [o async for o in engine.generate([5, 6, 7], greedy(4), request_id="after")]
+    assert outs[-1].finish_reason == "length"
+    assert sum(len(o.new_token_ids) for o in outs) == 4
+    stats = await wait_idle(engine)
+    assert stats["free_blocks"] == stats["total_blocks"]
