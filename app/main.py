@@ -23,7 +23,7 @@ from app.settings import Settings
 log = logging.getLogger("chatloom")
 
 # routers of other surfaces, included when their module exists (issue 5 lands them)
-_OPTIONAL_ROUTERS = ("app.api.n8n", "app.api.sessions", "app.api.assistants")
+_OPTIONAL_ROUTERS = ("app.api.n8n", "app.api.sessions", "app.api.assistants", "app.api.ui")
 
 
 def _optional_module(name: str) -> Any | None:
