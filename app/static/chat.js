@@ -80,6 +80,7 @@ function scrollDown() {
 function addBubble(role, text) {
   const row = el("div", "msg " + role);
   const bubble = el("div", "bubble", text || "");
+  bubble.dir = "auto"; // right-to-left replies align by their own first strong character
   row.appendChild(bubble);
   $("messages").appendChild(row);
   scrollDown();
@@ -362,7 +363,8 @@ function autosize() {
 }
 
 function init() {
-  if (!state.session) state.session = newSessionId();
+  const fresh = !state.session; // a new id has no history to ask for
+  if (fresh) state.session = newSessionId();
   store.set("session", state.session);
   if (state.key) $("api-key").value = state.key;
   setAssistant(state.assistant);
@@ -404,7 +406,8 @@ function init() {
   });
 
   loadAssistants().then(loadSessions);
-  loadHistory();
+  if (fresh) renderHistory([]);
+  else loadHistory();
   $("input").focus();
 }
 
