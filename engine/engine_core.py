@@ -68,7 +68,7 @@ class EngineCore:
             config.seed,
         )
         self.vocab_size = int(self.hf_config.vocab_size)
-        self.runner = ModelRunner(model, self.hf_config, config, self.device, self.dtype)
+        self.runner = ModelRunner(model, config, self.device, self.dtype)
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.block_size, config.enable_prefix_caching
         )

@@ -16,9 +16,7 @@ log = logging.getLogger("chatloom.engine")
 
 
 class ModelRunner:
-    def __init__(
-        self, model, hf_config, config: EngineConfig, device: torch.device, dtype: torch.dtype
-    ) -> None:
+    def __init__(self, model, config: EngineConfig, device: torch.device, dtype: torch.dtype) -> None:
         self.model = model
         self.config = config
         self.device = device
