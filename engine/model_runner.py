@@ -9,6 +9,7 @@ import torch
 
 from engine.attention import AttentionMetadata
 from engine.config import EngineConfig
+from engine.host import host_to_device
 from engine.scheduler import ScheduledBatch
 from engine.sequence import PENDING
 
@@ -157,15 +158,6 @@ class ModelRunner:
             if s.num_computed_tokens + n == s.num_tokens
         ]
         return logits, sampling
-
-
-def host_to_device(data, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A python list as a tensor on device; on CUDA through pinned memory, so the copy is queued
-    behind the running step instead of waiting for it (a pageable copy synchronizes the stream)."""
-    t = torch.tensor(data, dtype=dtype)
-    if device.type == "cpu":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 class _Upload:

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from engine.model_runner import host_to_device
+from engine.host import host_to_device
 from engine.sequence import Sequence
 from kernels import dispatch as ops
 
