@@ -345,6 +345,13 @@ def bench_m1(args) -> dict:
             warm.append(ttft(turns[-1]))
             llm.reset_prefix_cache()
             cold.append(ttft(turns[-1]))
+        if PROFILE:  # one more warm turn 10, profiled
+            llm.reset_prefix_cache()
+            for prompt in turns[:-1]:
+                llm.generate([prompt], one)
+            with _Profile(enabled=True) as prof:
+                dt = ttft(turns[-1])
+            prof.report(dt, 1)
         w, c = min(warm), min(cold)
         hits = llm.stats()["prefix_cache_hit_tokens"]
         print(

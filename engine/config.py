@@ -30,6 +30,9 @@ class EngineConfig:
     tokenizer: str | None = None  # defaults to the model folder
     hf_overrides: dict = field(default_factory=dict)  # config fields for load_format="dummy" shapes
     cuda_graph_sizes: list[int] | None = None  # batch sizes captured; None: a ladder up to max_num_seqs
+    # a lone prefill chunk of up to this many tokens (a chat turn over a cached history) replays a
+    # captured graph; 0: always eager
+    prefill_graph_max_tokens: int = 512
     num_threads: int | None = None  # torch CPU threads
 
     def __post_init__(self) -> None:
@@ -42,6 +45,11 @@ class EngineConfig:
             positive(name)
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"EngineConfig.block_size must be a power of two, got {self.block_size}")
+        if not isinstance(self.prefill_graph_max_tokens, int) or self.prefill_graph_max_tokens < 0:
+            raise ValueError(
+                "EngineConfig.prefill_graph_max_tokens must be a non-negative integer, "
+                f"got {self.prefill_graph_max_tokens!r}"
+            )
         if self.num_kv_blocks is not None:
             positive("num_kv_blocks")
         if self.max_model_len is not None:

@@ -1,5 +1,8 @@
-"""Decode steps captured in CUDA graphs, one per batch size of a ladder; a batch is padded up to the
-next captured size (padding rows write no K/V and attend to nothing)."""
+"""Steps captured in CUDA graphs, so a step costs one launch instead of hundreds:
+- DecodeGraphs: decode steps, one graph per batch size of a ladder; a batch is padded up to the next
+  captured size (padding rows write no K/V and attend to nothing);
+- ExtendGraphs: one sequence's prefill chunk (a new chat turn over its cached history), one graph per
+  token count of a ladder; padding tokens write no K/V and belong to no sequence."""
 
 from __future__ import annotations
 
@@ -89,3 +92,92 @@ class DecodeGraphs:
             self.seq_lens[bs:size].fill_(0)
         self.graphs[size].replay()
         return self.logits[size][:bs]
+
+
+def default_extend_sizes(max_tokens: int) -> list[int]:
+    return [s for s in (16, 32, 64, 128, 256, 512) if s <= max_tokens]
+
+
+class ExtendGraphs:
+    """A batch of exactly one prefill chunk of <= max(sizes) tokens: run eagerly, such a step is bound
+    by the host launching ~300 kernels; replayed, by the GPU."""
+
+    def __init__(self, model, kv_caches, sizes: list[int], max_blocks: int, device: torch.device) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.sizes = sorted(sizes)
+        n = self.sizes[-1]
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
+        self.block_table = torch.zeros((1, max_blocks), dtype=torch.int32, device=device)
+        self.cu_seqlens = torch.zeros(2, dtype=torch.int32, device=device)
+        self.seq_len = torch.zeros(1, dtype=torch.int32, device=device)
+        self.last_row = torch.zeros(1, dtype=torch.int64, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+        self.replays = 0
+        self._capture()
+
+    def _forward(self, n: int) -> torch.Tensor:
+        meta = AttentionMetadata(
+            slot_mapping=self.slot_mapping[:n],
+            num_decodes=0,
+            decode_block_tables=None,
+            decode_seq_lens=None,
+            prefill_block_tables=self.block_table,
+            prefill_cu_seqlens_q=self.cu_seqlens,
+            prefill_seq_lens=self.seq_len,
+            prefill_max_q=n,  # the padded count: query tiles past the real q_len exit at once
+        )
+        hidden = self.model(self.input_ids[:n], self.positions[:n], self.kv_caches, meta)
+        return self.model.compute_logits(hidden.index_select(0, self.last_row))
+
+    @torch.inference_mode()
+    def _capture(self) -> None:
+        from tqdm import tqdm
+
+        pool = None
+        for n in tqdm(sorted(self.sizes, reverse=True), desc="capturing prefill graphs", unit="graph"):
+            self.cu_seqlens.copy_(torch.tensor([0, n], dtype=torch.int32))
+            self.seq_len.fill_(n)
+            self._forward(n)  # compiles kernels and settles allocations outside the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.logits[n] = self._forward(n)
+            pool = graph.pool()
+            self.graphs[n] = graph
+        self.slot_mapping.fill_(-1)
+        torch.cuda.synchronize()
+
+    def padded_size(self, n: int) -> int | None:
+        for s in self.sizes:
+            if s >= n:
+                return s
+        return None
+
+    def run(
+        self,
+        input_ids: torch.Tensor,  # (n,)
+        positions: torch.Tensor,  # (n,)
+        slot_mapping: torch.Tensor,  # (n,)
+        block_table: torch.Tensor,  # (1, width) int32
+        cu_seqlens: torch.Tensor,  # (2,) int32: [0, n]
+        seq_len: torch.Tensor,  # (1,) int32: cached + n
+    ) -> torch.Tensor:  # (1, vocab) float32 logits of the last token (a view of the graph's output)
+        n = input_ids.shape[0]
+        size = self.padded_size(n)
+        assert size is not None
+        self.input_ids[:n].copy_(input_ids)
+        self.positions[:n].copy_(positions)
+        self.slot_mapping[:n].copy_(slot_mapping)
+        if size > n:
+            self.slot_mapping[n:size].fill_(-1)
+        self.block_table[:, : block_table.shape[1]].copy_(block_table)
+        self.cu_seqlens.copy_(cu_seqlens)
+        self.seq_len.copy_(seq_len)
+        self.last_row.fill_(n - 1)
+        self.graphs[size].replay()
+        self.replays += 1
+        return self.logits[size]

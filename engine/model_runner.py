@@ -35,12 +35,17 @@ class ModelRunner:
             for _ in range(self.num_layers)
         ]
         self.graphs = None
+        self.extend_graphs = None
         if self.device.type == "cuda" and not config.enforce_eager:
-            from engine.cuda_graphs import DecodeGraphs, default_sizes
+            from engine.cuda_graphs import DecodeGraphs, ExtendGraphs, default_extend_sizes, default_sizes
 
             sizes = config.cuda_graph_sizes or default_sizes(config.max_num_seqs)
             max_blocks = -(-model.cos_sin.shape[0] // self.block_size)  # max_model_len in blocks
             self.graphs = DecodeGraphs(model, self.kv_caches, sizes, max_blocks, device)
+            limit = min(config.prefill_graph_max_tokens, config.max_num_batched_tokens)
+            extend = default_extend_sizes(limit)
+            if extend:
+                self.extend_graphs = ExtendGraphs(model, self.kv_caches, extend, max_blocks, device)
         log.info(
             "KV cache: %d blocks x %d tokens (%.1f MiB)",
             self.num_blocks,
@@ -146,6 +151,21 @@ class ModelRunner:
                 input_ids, positions, meta.slot_mapping, meta.decode_block_tables, meta.decode_seq_lens
             )
             return logits, list(range(bs))
+        if (
+            self.extend_graphs is not None
+            and bs == 1
+            and meta.num_decodes == 0
+            and self.extend_graphs.padded_size(input_ids.shape[0]) is not None
+        ):
+            logits = self.extend_graphs.run(
+                input_ids,
+                positions,
+                meta.slot_mapping,
+                meta.prefill_block_tables,
+                meta.prefill_cu_seqlens_q,
+                meta.prefill_seq_lens,
+            )
+            return (logits, [0]) if sample_rows else (None, [])
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
         if not sample_rows:
             return None, []
