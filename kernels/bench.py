@@ -311,7 +311,7 @@ def sweep(dtype, device, timer: Timer, tiny: bool) -> None:
 
     key = "interpret" if device.type == "cpu" else ("fp32" if dtype == torch.float32 else "16bit")
     scale = HEAD_DIM**-0.5
-    prefill_default, decode_default = pa.PREFILL_CONFIGS[key], pa.DECODE_CONFIGS[key]
+    prefill_default, decode_defaults = pa.PREFILL_CONFIGS[key], dict(pa.DECODE_CONFIGS)
     # (batch, context, new tokens): W1 prompts, W2-like cached prefix, M1's turn 10, one long prompt
     prefill_shapes = [(32, 128, 128), (32, 1024, 128), (1, 3764, 100), (1, 4096, 4096)]
     if tiny:
@@ -345,6 +345,8 @@ def sweep(dtype, device, timer: Timer, tiny: bool) -> None:
             results = []
             for cfg in decode_sweep:
                 pa.DECODE_CONFIGS[key] = cfg
+                if key == "16bit":
+                    pa.DECODE_CONFIGS["16bit_wide"] = cfg
                 for splits in splits_sweep:
                     if splits > 1 and ctx // splits < cfg[0]:
                         continue
@@ -362,7 +364,8 @@ def sweep(dtype, device, timer: Timer, tiny: bool) -> None:
             top = "  ".join(f"{c}/{s}={t * 1e6:.1f}" for t, c, s in results[:6])
             print(f"decode B={b} ctx={ctx}: auto splits {auto}; best {top}")
     finally:
-        pa.PREFILL_CONFIGS[key], pa.DECODE_CONFIGS[key] = prefill_default, decode_default
+        pa.PREFILL_CONFIGS[key] = prefill_default
+        pa.DECODE_CONFIGS.update(decode_defaults)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -310,7 +310,8 @@ PREFILL_CONFIGS = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
     "interpret": (16, 16, 4, 1),
 }
 DECODE_CONFIGS = {  # (BLOCK_N, num_warps, num_stages)
-    "16bit": (64, 4, 3),
+    "16bit": (64, 4, 3),  # few (sequence, KV head) programs: split-K over short tiles
+    "16bit_wide": (128, 4, 3),  # a full wave of programs without splits (batch x KV heads >= SMs)
     "fp32": (32, 8, 2),
     "interpret": (16, 4, 1),
 }
@@ -458,8 +459,12 @@ MIN_TOKENS_PER_SPLIT = 128
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
-    """Enough (batch, kv_head, split) programs for ~2 waves over the SMs, each split >= 128 keys.
-    Depends only on python ints, so a CUDA graph captured for a batch size keeps its split count."""
+    """Once batch x KV heads fills the SMs, no split (and no reduce launch) at all; below, enough
+    (batch, kv_head, split) programs for ~2 waves, each split >= 128 keys. Depends only on python ints,
+    so a CUDA graph captured for a batch size keeps its split count. (H200 sweep, `python -m kernels.bench
+    --sweep`: batch 32 and 256 are fastest unsplit with 128-key tiles, batch 1 with 16-32 splits.)"""
+    if batch * num_kv_heads >= num_sms:
+        return 1
     want = triton.cdiv(2 * num_sms, max(1, batch * num_kv_heads))
     useful = triton.cdiv(max(1, max_seq_len), MIN_TOKENS_PER_SPLIT)
     return max(1, min(want, useful, MAX_SPLITS))
@@ -507,7 +512,10 @@ def paged_decode_attention(
     num_splits = int(num_splits)
     if not 1 <= num_splits <= 1024:
         raise ValueError("num_splits must be in [1, 1024]")
-    block_n, warps, stages = DECODE_CONFIGS[_config_key(q)]
+    key = _config_key(q)
+    if key == "16bit" and b * hk >= _sm_count(q.device):
+        key = "16bit_wide"
+    block_n, warps, stages = DECODE_CONFIGS[key]
     if num_splits > 1:
         part_out = torch.empty((b, h, num_splits, d), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((b, h, num_splits), dtype=torch.float32, device=q.device)

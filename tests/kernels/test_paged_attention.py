@@ -135,6 +135,8 @@ def test_choose_num_splits():
     assert choose_num_splits(1, 8, 4096, 132) == 32  # limited by >= 128 keys per split
     assert choose_num_splits(1, 8, 100_000, 132) == 33  # ~2 waves of programs
     assert choose_num_splits(64, 8, 4096, 132) == 1
+    assert choose_num_splits(17, 8, 4096, 132) == 1  # 136 programs fill the SMs: no reduce launch
+    assert choose_num_splits(16, 8, 4096, 132) == 3
     assert choose_num_splits(4, 8, 0, 132) == 1
 
 
