@@ -61,3 +61,33 @@ def paged_attention(
         max_seqlen_q=meta.prefill_max_q,
     )
     return out
+
+
+def attention_block(
+    qkv: torch.Tensor,  # (num_tokens, (num_heads + 2 * num_kv_heads) * head_dim): the fused projection
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    q_norm_weight: torch.Tensor | None,  # (head_dim,): Qwen3's per-head norm; None skips it
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+    positions: torch.Tensor,  # (num_tokens,)
+    cos_sin: torch.Tensor,  # (max_positions, head_dim)
+    kv_cache: tuple[torch.Tensor, torch.Tensor],
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:  # (num_tokens, num_heads * head_dim)
+    """Everything between the qkv and o projections: q/k norm, RoPE, the K/V store and attention."""
+    t = qkv.shape[0]
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    q = q.reshape(t, num_heads, head_dim)
+    k = k.reshape(t, num_kv_heads, head_dim)
+    v = v.reshape(t, num_kv_heads, head_dim)
+    q, _ = ops.qk_norm_rope_store_kv(
+        q, k, v, q_norm_weight, k_norm_weight, eps, positions, cos_sin, kv_cache[0], kv_cache[1],
+        meta.slot_mapping,
+    )  # fmt: skip
+    o = paged_attention(q, kv_cache[0], kv_cache[1], meta, scale, sliding_window)
+    return o.reshape(t, q_size)

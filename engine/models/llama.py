@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.attention import AttentionMetadata, paged_attention
+from engine.attention import AttentionMetadata, attention_block
 from kernels import dispatch as ops
 
 
@@ -71,20 +71,24 @@ class Attention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        t = x.shape[0]
         qkv = ops.linear(x, self.qkv_proj.weight, self.qkv_proj.bias)  # decode: Triton GEMV
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(t, self.num_heads, self.head_dim)
-        k = k.reshape(t, self.num_kv_heads, self.head_dim)
-        v = v.reshape(t, self.num_kv_heads, self.head_dim)
-        q_w = self.q_norm.weight if self.qk_norm else None
-        k_w = self.k_norm.weight if self.qk_norm else None
-        eps = self.q_norm.eps if self.qk_norm else 0.0
-        q, _ = ops.qk_norm_rope_store_kv(
-            q, k, v, q_w, k_w, eps, positions, cos_sin, kv_cache[0], kv_cache[1], meta.slot_mapping
-        )
-        o = paged_attention(q, kv_cache[0], kv_cache[1], meta, self.scale, self.sliding_window)
-        return ops.linear(o.reshape(t, self.q_size), self.o_proj.weight, self.o_proj.bias)
+        return self.forward_qkv(qkv, positions, cos_sin, kv_cache, meta)
+
+    def forward_qkv(
+        self,
+        qkv: torch.Tensor,  # (num_tokens, q_size + 2 * kv_size): the qkv projection's output
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # (num_tokens, hidden)
+        o = attention_block(
+            qkv, self.num_heads, self.num_kv_heads, self.head_dim,
+            self.q_norm.weight if self.qk_norm else None, self.k_norm.weight if self.qk_norm else None,
+            self.q_norm.eps if self.qk_norm else 0.0, positions, cos_sin, kv_cache, meta, self.scale,
+            self.sliding_window,
+        )  # fmt: skip
+        return ops.linear(o, self.o_proj.weight, self.o_proj.bias)
 
 
 def _layer_sliding_window(config, layer_idx: int) -> int | None:
