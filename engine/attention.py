@@ -85,6 +85,13 @@ def attention_block(
     q = q.reshape(t, num_heads, head_dim)
     k = k.reshape(t, num_kv_heads, head_dim)
     v = v.reshape(t, num_kv_heads, head_dim)
+    if meta.prefill_block_tables is None:  # decode only: norm, RoPE, store and attention in one launch
+        o = ops.qk_norm_rope_decode_attention(
+            q, k, v, q_norm_weight, k_norm_weight, eps, positions, cos_sin, kv_cache[0], kv_cache[1],
+            meta.slot_mapping, meta.decode_block_tables, meta.decode_seq_lens, scale, sliding_window,
+            max_seq_len=meta.decode_max_seq_len or None,
+        )  # fmt: skip
+        return o.reshape(t, q_size)
     q, _ = ops.qk_norm_rope_store_kv(
         q, k, v, q_norm_weight, k_norm_weight, eps, positions, cos_sin, kv_cache[0], kv_cache[1],
         meta.slot_mapping,

@@ -275,3 +275,43 @@ def sample_tokens(
 
         return triton_sample(logits, temperatures, seed)
     return ref.sample_tokens(logits, temperatures, generator)
+
+
+def qk_norm_rope_decode_attention(
+    q: torch.Tensor,  # (batch, num_heads, head_dim): the new tokens' raw q (a view of the qkv output)
+    k: torch.Tensor,  # (batch, num_kv_heads, head_dim): raw k
+    v: torch.Tensor,  # (batch, num_kv_heads, head_dim)
+    q_norm_weight: torch.Tensor | None,  # (head_dim,) or None (no q/k norm)
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+    positions: torch.Tensor,  # (batch,) int
+    cos_sin: torch.Tensor,  # (max_positions, head_dim) float32
+    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # (batch,) int; < 0 = padding
+    block_tables: torch.Tensor,  # (batch, max_blocks) int32
+    seq_lens: torch.Tensor,  # (batch,) int32, incl. the new token
+    scale: float,
+    sliding_window: int | None = None,
+    *,
+    max_seq_len: int | None = None,
+) -> torch.Tensor:  # (batch, num_heads, head_dim)
+    """qk_norm_rope_store_kv + decode_attention of a decode-only batch; on CUDA one launch. q and k are
+    left as they are on CUDA (the reference path rotates them in place on CUDA only)."""
+    fits = q_norm_weight is None or (q_norm_weight.dtype == q.dtype and k_norm_weight.dtype == q.dtype)
+    if not use_triton(q) or not fits or k.stride(1) != k.shape[-1] or v.stride(1) != v.shape[-1]:
+        q, _ = qk_norm_rope_store_kv(
+            q, k, v, q_norm_weight, k_norm_weight, eps, positions, cos_sin, k_cache, v_cache, slot_mapping
+        )
+        return decode_attention(
+            q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, max_seq_len=max_seq_len
+        )
+    from kernels.paged_attention import NewTokenQK, paged_decode_attention
+
+    if q_norm_weight is not None:
+        q_norm_weight, k_norm_weight = q_norm_weight.contiguous(), k_norm_weight.contiguous()
+    new = NewTokenQK(k, v, q_norm_weight, k_norm_weight, eps, positions, cos_sin.contiguous(), slot_mapping)
+    return paged_decode_attention(
+        q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, max_seq_len=max_seq_len,
+        new_token=new,
+    )  # fmt: skip

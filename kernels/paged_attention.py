@@ -9,6 +9,8 @@ BLOCK_N is independent of the cache block size.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -189,13 +191,24 @@ def _decode_kernel(
     block_tables_ptr,  # (batch, max_blocks) int32
     seq_lens_ptr,  # (batch,) int32
     alibi_ptr,  # (num_heads,) float32
+    k_new_ptr,  # FUSE_QK: (batch, num_kv_heads, head_dim) the new token's raw k, last dim contiguous
+    v_new_ptr,  # FUSE_QK: (batch, num_kv_heads, head_dim) its v
+    qw_ptr,  # FUSE_QK and HAS_NORM: (head_dim,) q norm weight
+    kw_ptr,  # (head_dim,) k norm weight
+    pos_ptr,  # FUSE_QK: (batch,) int positions
+    cs_ptr,  # FUSE_QK: (max_positions, head_dim) float32 [cos | sin]
+    slot_ptr,  # FUSE_QK: (batch,) int cache slots; < 0 = padding
+    counter_ptr,  # FUSED_REDUCE: (batch * num_kv_heads,) int32 zeros, left zeroed
     scale_log2,
     stride_qb,
     stride_qh,
     stride_ob,
     stride_oh,
     stride_bt,
+    stride_kb,
+    stride_vb,
     window,
+    eps,
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -204,8 +217,12 @@ def _decode_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # >= NUM_SPLITS
     HAS_WINDOW: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
+    FUSE_QK: tl.constexpr,  # q/k norm + RoPE + K/V store of the new token first (qk_norm_rope_store_kv)
+    HAS_NORM: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr,  # the last split of each (sequence, KV head) to finish merges them all
     DOT_PREC: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -226,11 +243,47 @@ def _decode_kernel(
     heads = kvh * GROUP + g  # (BLOCK_G,)
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
-    q = tl.load(
-        q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + d[None, :],
-        mask=g_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )  # (BLOCK_G, BLOCK_D)
+    gd_mask = g_mask[:, None] & d_mask[None, :]
+    q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh  # (BLOCK_G, 1)
+    if FUSE_QK:
+        # rounded exactly as kernels.qk_norm_rope: norm (to the dtype), times the weight (to the dtype),
+        # rotate in float32, round; `partner` is each lane's rotate-half source d +- head_dim / 2
+        half = HEAD_DIM // 2
+        partner = (d + half) % HEAD_DIM
+        sign = tl.where(d < half, -1.0, 1.0)[None, :]
+        pos = tl.load(pos_ptr + b).to(tl.int64)
+        cos = tl.load(cs_ptr + pos * HEAD_DIM + d % half, mask=d_mask, other=0.0)[None, :]
+        sin = tl.load(cs_ptr + pos * HEAD_DIM + half + d % half, mask=d_mask, other=0.0)[None, :]
+        dt = q_ptr.dtype.element_ty
+        qa = tl.load(q_rows + d[None, :], mask=gd_mask, other=0.0).to(tl.float32)
+        qb = tl.load(q_rows + partner[None, :], mask=gd_mask, other=0.0).to(tl.float32)
+        k_row = k_new_ptr + b.to(tl.int64) * stride_kb + kvh * HEAD_DIM
+        ka = tl.load(k_row + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]  # (1, BLOCK_D)
+        kb = tl.load(k_row + partner, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+        if HAS_NORM:
+            rq = 1.0 / tl.sqrt(tl.sum(qa * qa, axis=1) / HEAD_DIM + eps)[:, None]
+            wa = tl.load(qw_ptr + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+            wb = tl.load(qw_ptr + partner, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+            qa = (wa * (qa * rq).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            qb = (wb * (qb * rq).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            rk = 1.0 / tl.sqrt(tl.sum(ka * ka, axis=1) / HEAD_DIM + eps)[:, None]
+            ua = tl.load(kw_ptr + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+            ub = tl.load(kw_ptr + partner, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+            ka = (ua * (ka * rk).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            kb = (ub * (kb * rk).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        q = (qa * cos + sign * qb * sin).to(dt)  # (BLOCK_G, BLOCK_D)
+        # the split holding the new position stores its K/V, then reads them back with the rest
+        slot = tl.load(slot_ptr + b).to(tl.int64)
+        if (slot >= 0) & (s_lo <= ctx - 1) & (ctx - 1 < s_hi):
+            k_new = tl.sum((ka * cos + sign * kb * sin).to(dt), axis=0)  # (BLOCK_D,)
+            v_new = tl.load(v_new_ptr + b.to(tl.int64) * stride_vb + kvh * HEAD_DIM + d, mask=d_mask)
+            dst = slot * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d
+            ct = k_cache_ptr.dtype.element_ty
+            tl.store(k_cache_ptr + dst, k_new.to(ct), mask=d_mask)
+            tl.store(v_cache_ptr + dst, v_new.to(ct), mask=d_mask)
+        tl.debug_barrier()
+    else:
+        q = tl.load(q_rows + d[None, :], mask=gd_mask, other=0.0)  # (BLOCK_G, BLOCK_D)
     slopes = 0.0
     if HAS_ALIBI:  # (BLOCK_G, 1)
         slopes = tl.load(alibi_ptr + heads, mask=g_mask, other=0.0).to(tl.float32)[:, None]
@@ -261,14 +314,56 @@ def _decode_kernel(
         tl.store(
             out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + d[None, :],
             o.to(out_ptr.dtype.element_ty),
-            mask=g_mask[:, None] & d_mask[None, :],
+            mask=gd_mask,
         )
     else:
         row = (b.to(tl.int64) * (NUM_KV_HEADS * GROUP) + heads) * NUM_SPLITS + split  # (BLOCK_G,)
-        gd_mask = g_mask[:, None] & d_mask[None, :]
         tl.store(part_out_ptr + row[:, None] * HEAD_DIM + d[None, :], o, mask=gd_mask)
         lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(tl.where(l_i == 0.0, 1.0, l_i)))
         tl.store(part_lse_ptr + row, lse, mask=g_mask)
+        if FUSED_REDUCE:
+            # release this split's partials; the split that arrives last merges all of them
+            tl.debug_barrier()
+            arrived = tl.atomic_add(counter_ptr + b * NUM_KV_HEADS + kvh, 1, sem="acq_rel", scope="gpu")
+            if arrived == NUM_SPLITS - 1:
+                tl.debug_barrier()
+                tl.store(counter_ptr + b * NUM_KV_HEADS + kvh, 0)  # zeroed for the next launch
+                for gi in tl.static_range(GROUP):
+                    _merge_splits(
+                        part_out_ptr, part_lse_ptr, out_ptr, b.to(tl.int64), kvh * GROUP + gi, stride_ob,
+                        stride_oh, NUM_KV_HEADS * GROUP, HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D,
+                    )  # fmt: skip
+
+
+@triton.jit
+def _merge_splits(
+    part_out_ptr,  # (batch, num_heads, NUM_SPLITS, head_dim) float32
+    part_lse_ptr,  # (batch, num_heads, NUM_SPLITS) float32
+    out_ptr,  # (batch, num_heads, head_dim)
+    b,
+    h,
+    stride_ob,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """One head's split-K partials merged by their log-sum-exp (a helper of both decode paths)."""
+    s = tl.arange(0, BLOCK_S)
+    s_mask = s < NUM_SPLITS
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    row0 = (b * NUM_HEADS + h) * NUM_SPLITS
+    lse = tl.load(part_lse_ptr + row0 + s, mask=s_mask, other=float("-inf"), cache_modifier=".cg")
+    m = tl.max(lse, axis=0)
+    w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))  # 0 for empty splits
+    o_ptrs = part_out_ptr + (row0 + s)[:, None] * HEAD_DIM + d[None, :]
+    o = tl.load(o_ptrs, mask=s_mask[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg")
+    den = tl.sum(w, axis=0)
+    res = tl.sum(w[:, None] * o, axis=0) / tl.where(den == 0.0, 1.0, den)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + d, res.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 @kernel
@@ -284,21 +379,10 @@ def _decode_reduce_kernel(
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    b = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    s = tl.arange(0, BLOCK_S)
-    s_mask = s < NUM_SPLITS
-    d = tl.arange(0, BLOCK_D)
-    d_mask = d < HEAD_DIM
-    row0 = (b * NUM_HEADS + h) * NUM_SPLITS
-    lse = tl.load(part_lse_ptr + row0 + s, mask=s_mask, other=float("-inf"))  # (BLOCK_S,)
-    m = tl.max(lse, axis=0)
-    w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))  # 0 for empty splits
-    o_ptrs = part_out_ptr + (row0 + s)[:, None] * HEAD_DIM + d[None, :]
-    o = tl.load(o_ptrs, mask=s_mask[:, None] & d_mask[None, :], other=0.0)  # (BLOCK_S, BLOCK_D)
-    den = tl.sum(w, axis=0)
-    res = tl.sum(w[:, None] * o, axis=0) / tl.where(den == 0.0, 1.0, den)
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + d, res.to(out_ptr.dtype.element_ty), mask=d_mask)
+    _merge_splits(
+        part_out_ptr, part_lse_ptr, out_ptr, tl.program_id(0).to(tl.int64), tl.program_id(1), stride_ob,
+        stride_oh, NUM_HEADS, HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D,
+    )  # fmt: skip
 
 
 # Tile configurations; module-level so that `python -m kernels.bench --sweep` can try others on the GPU.
@@ -470,6 +554,32 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: 
     return max(1, min(want, useful, MAX_SPLITS))
 
 
+class NewTokenQK(NamedTuple):
+    """The new token's raw q/k/v and what qk_norm_rope_store_kv needs, for the fused decode path."""
+
+    k: torch.Tensor  # (batch, num_kv_heads, head_dim), last dim contiguous (a view of the qkv output)
+    v: torch.Tensor  # (batch, num_kv_heads, head_dim)
+    q_norm_weight: torch.Tensor | None  # (head_dim,) of q's dtype; None: no q/k norm
+    k_norm_weight: torch.Tensor | None
+    eps: float
+    positions: torch.Tensor  # (batch,) int
+    cos_sin: torch.Tensor  # (max_positions, head_dim) float32, contiguous
+    slot_mapping: torch.Tensor  # (batch,) int; < 0 = padding
+
+
+_COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
+_MAX_COUNTERS = 1 << 16
+
+
+def _counters(device: torch.device) -> torch.Tensor:
+    """Arrival counters of the fused split merge: one per (sequence, KV head), allocated once per device
+    (CUDA graphs keep its address) and left zeroed by every launch."""
+    key = (device.type, device.index)
+    if key not in _COUNTERS:
+        _COUNTERS[key] = torch.zeros(_MAX_COUNTERS, dtype=torch.int32, device=device)
+    return _COUNTERS[key]
+
+
 def paged_decode_attention(
     q: torch.Tensor,  # (batch, num_heads, head_dim): one new token per sequence
     k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
@@ -482,10 +592,17 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
     max_seq_len: int | None = None,
     num_splits: int | None = None,
+    new_token: NewTokenQK | None = None,
+    fused_reduce: bool = True,
 ) -> torch.Tensor:  # (batch, num_heads, head_dim)
     """Split-K decode: grid (batch, num_kv_heads, num_splits); one program handles all query heads of one
-    KV head over one contiguous slice of the context, then a reduce kernel merges the splits by their
-    log-sum-exp (skipped when num_splits == 1).
+    KV head over one contiguous slice of the context; the splits are merged by their log-sum-exp, by
+    the split of each (sequence, KV head) that finishes last (`fused_reduce`, one launch) or by a second
+    kernel.
+
+    `new_token`: q is the new token's raw q (a view of the qkv output) and the kernel first applies
+    the q/k norm and RoPE and writes the new K/V into the cache, exactly as qk_norm_rope_store_kv
+    would (one launch where there were two; q itself is left as it is).
 
     CUDA-graph safe: no host sync and no data-dependent allocation. The split count is a python int:
     `num_splits` if given, else chosen from `max_seq_len` (a python int upper bound, used only for this
@@ -500,9 +617,11 @@ def paged_decode_attention(
     if block_tables.shape[0] != b or seq_lens.shape != (b,) or seq_lens.dtype != torch.int32:
         raise ValueError("block_tables must have batch rows and seq_lens be (batch,) int32")
     if out is None:
-        out = torch.empty_like(q)
+        out = torch.empty((b, h, d), dtype=q.dtype, device=q.device)
     elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
         raise ValueError("out must match q")
+    if new_token is not None:
+        _check_new_token(q, new_token, hk)
     if b == 0:
         return out
     group = h // hk
@@ -516,21 +635,29 @@ def paged_decode_attention(
     if key == "16bit" and b * hk >= _sm_count(q.device):
         key = "16bit_wide"
     block_n, warps, stages = DECODE_CONFIGS[key]
+    fused_reduce = fused_reduce and num_splits > 1 and b * hk <= _MAX_COUNTERS
     if num_splits > 1:
         part_out = torch.empty((b, h, num_splits, d), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((b, h, num_splits), dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out
+    nt = new_token
+    has_norm = nt is not None and nt.q_norm_weight is not None
     _decode_kernel[(b, hk, num_splits)](
         q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens, _alibi(alibi_slopes, h, q),
+        nt.k if nt else q, nt.v if nt else q, nt.q_norm_weight if has_norm else q,
+        nt.k_norm_weight if has_norm else q, nt.positions if nt else seq_lens, nt.cos_sin if nt else q,
+        nt.slot_mapping if nt else seq_lens, _counters(q.device) if fused_reduce else seq_lens,
         scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        _window(sliding_window),
+        nt.k.stride(0) if nt else 0, nt.v.stride(0) if nt else 0, _window(sliding_window),
+        nt.eps if nt else 0.0,
         NUM_KV_HEADS=hk, GROUP=group, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_G=max(16, next_pow2(group)),
-        BLOCK_N=block_n, BLOCK_D=next_pow2(d), NUM_SPLITS=num_splits,
+        BLOCK_N=block_n, BLOCK_D=next_pow2(d), NUM_SPLITS=num_splits, BLOCK_S=next_pow2(num_splits),
         HAS_WINDOW=sliding_window is not None, HAS_ALIBI=alibi_slopes is not None,
+        FUSE_QK=nt is not None, HAS_NORM=has_norm, FUSED_REDUCE=fused_reduce,
         DOT_PREC=_dot_precision(q.dtype), num_warps=warps, num_stages=stages,
     )  # fmt: skip
-    if num_splits > 1:
+    if num_splits > 1 and not fused_reduce:
         _decode_reduce_kernel[(b, h)](
             part_out, part_lse, out, out.stride(0), out.stride(1),
             NUM_HEADS=h, HEAD_DIM=d, NUM_SPLITS=num_splits, BLOCK_S=next_pow2(num_splits),
@@ -538,3 +665,22 @@ def paged_decode_attention(
         )  # fmt: skip
     return out
 
+
+def _check_new_token(q: torch.Tensor, nt: NewTokenQK, hk: int) -> None:
+    b, _, d = q.shape
+    if nt.k.shape != (b, hk, d) or nt.v.shape != (b, hk, d):
+        raise ValueError(f"new k/v must be ({b}, {hk}, {d}), got {tuple(nt.k.shape)} / {tuple(nt.v.shape)}")
+    if nt.k.stride(-1) != 1 or nt.v.stride(-1) != 1 or nt.k.stride(1) != d or nt.v.stride(1) != d:
+        raise ValueError("new k/v need contiguous heads (a row of the qkv output)")
+    if nt.k.dtype != q.dtype or q.stride(-1) != 1 or d % 2:
+        raise ValueError("q and the new k share a dtype; q's last dim is contiguous; head_dim is even")
+    if (nt.q_norm_weight is None) != (nt.k_norm_weight is None):
+        raise ValueError("q_norm_weight and k_norm_weight go together")
+    for w in (nt.q_norm_weight, nt.k_norm_weight):
+        if w is not None and (w.shape != (d,) or not w.is_contiguous() or w.dtype != q.dtype):
+            raise ValueError(f"norm weights must be contiguous ({d},) of q's dtype")
+    cs = nt.cos_sin
+    if cs.dim() != 2 or cs.shape[1] != d or cs.dtype != torch.float32 or not cs.is_contiguous():
+        raise ValueError(f"cos_sin must be contiguous (max_positions, {d}) float32")
+    if nt.positions.shape != (b,) or nt.slot_mapping.shape != (b,):
+        raise ValueError(f"positions and slot_mapping must be ({b},)")
