@@ -70,29 +70,39 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         budget = self.max_num_batched_tokens
-        decodes: list[tuple[Sequence, int]] = []
-        prefills: list[tuple[Sequence, int]] = []
+        bm = self.bm
+        bs = bm.block_size
+        decodes: list[Sequence] = []
+        prefills: list[Sequence] = []
+        chunks: list[int] = []  # tokens of each prefill chunk
         preempted: list[Sequence] = []
 
         # 1. running sequences, oldest first; the newest are preempted when blocks run out
+        running = self.running
         i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            if seq.done_scheduling:
-                i += 1
-                continue
-            n = min(seq.num_uncomputed_tokens, budget)
-            while not self.bm.allocate(seq, seq.num_computed_tokens + n):
-                victim = self.running[-1]
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is seq:
-                    break
-            if seq.status is not SequenceStatus.RUNNING:
-                break
-            (decodes if seq.num_uncomputed_tokens == 1 else prefills).append((seq, n))
-            budget -= n
+        while i < len(running) and budget > 0:
+            seq = running[i]
             i += 1
+            if seq.done_scheduling:
+                continue
+            computed = seq.num_computed_tokens
+            left = len(seq.token_ids) - computed
+            n = left if left < budget else budget
+            if computed + n > len(seq.block_table) * bs:  # a new block is needed
+                while not bm.allocate(seq, computed + n):
+                    victim = running[-1]
+                    self._preempt(victim)
+                    preempted.append(victim)
+                    if victim is seq:
+                        break
+                if seq.status is not SequenceStatus.RUNNING:
+                    break
+            if left == 1:
+                decodes.append(seq)
+            else:
+                prefills.append(seq)
+                chunks.append(n)
+            budget -= n
 
         # 2. waiting sequences in arrival order, while budget, seats and blocks last
         if not preempted:
@@ -120,21 +130,26 @@ class Scheduler:
                 assert ok
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
-                prefills.append((seq, n))
+                prefills.append(seq)
+                chunks.append(n)
                 budget -= n
             for seq in reversed(skipped):
                 self.waiting.appendleft(seq)
 
-        batch = ScheduledBatch(preempted=preempted, num_decodes=len(decodes))
-        for seq, n in decodes + prefills:
-            batch.seqs.append(seq)
-            batch.num_new_tokens.append(n)
-        return batch
+        return ScheduledBatch(
+            seqs=decodes + prefills,
+            num_new_tokens=[1] * len(decodes) + chunks,
+            num_decodes=len(decodes),
+            preempted=preempted,
+        )
 
     def after_step(self, batch: ScheduledBatch) -> None:
         """Record the K/V the step computed; register newly full blocks for prefix reuse."""
+        bm = self.bm
+        caching, bs = bm.enable_prefix_caching, bm.block_size
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
-            if seq.is_finished:  # stopped while this step was in flight; its blocks are already free
-                continue
+            if seq.is_finished:  # stopped while this step was in flight
+                continue  # its blocks are already free
             seq.num_computed_tokens += n
-            self.bm.commit_full_blocks(seq)
+            if caching and seq.num_computed_tokens >= (len(seq.block_hashes) + 1) * bs:  # a block filled
+                bm.commit_full_blocks(seq)
