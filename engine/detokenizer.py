@@ -2,9 +2,12 @@
 
 Text is decoded from a sliding window of tokens; a window whose text ends in an incomplete UTF-8
 sequence (U+FFFD) waits for more tokens. Text that could still become the start of a stop string is
-held back until it is known not to be one."""
+held back until it is known not to be one. With a Rust tokenizer the window runs inside it
+(tokenizers' DecodeStream: the same rule, one call per token instead of two decodes from python)."""
 
 from __future__ import annotations
+
+from tokenizers.decoders import DecodeStream
 
 
 class IncrementalDetokenizer:
@@ -23,6 +26,7 @@ class IncrementalDetokenizer:
             self._fast_decode = backend.decode
         else:
             self._fast_decode = tokenizer.decode
+            backend = None
         self.skip_special_tokens = skip_special_tokens
         self.stop = stop
         self.include_stop = include_stop_str_in_output
@@ -32,12 +36,32 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.ids)
         self.text = ""  # all output text decoded so far (may include a stop string, cut below)
         self.emitted = 0  # characters of self.text already handed out
+        self._backend = backend
+        self._stream = None
+        # DecodeStream takes the context's text as its first window only when it ends in a whole
+        # character; otherwise the python rule (which always does) runs
+        if backend is not None and not self._decode(self.ids).endswith("\ufffd"):
+            try:
+                self._stream = DecodeStream(ids=list(self.ids), skip_special_tokens=skip_special_tokens)
+            except TypeError:  # a tokenizers release without context ids
+                self._stream = None
 
     def _decode(self, ids: list[int]) -> str:
         return self._fast_decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def add(self, token_id: int) -> None:
         self.ids.append(token_id)
+        if self._stream is not None:
+            try:
+                piece = self._stream.step(self._backend, token_id)
+            except Exception:  # the window's text no longer starts with its prefix: the python rule
+                self._stream = None
+            else:
+                if piece is not None:
+                    self.text += piece
+                    self.prefix_offset = self.read_offset
+                    self.read_offset = len(self.ids)
+                return
         prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
         full = self._decode(self.ids[self.prefix_offset :])
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
@@ -71,6 +95,7 @@ class IncrementalDetokenizer:
 
     def flush(self) -> None:
         """At the end, decode any bytes still waiting for completion (as replacement chars)."""
+        self._stream = None
         rest = self._decode(self.ids[self.prefix_offset :])
         prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
         if len(rest) > len(prefix):

@@ -183,3 +183,31 @@ def test_random_single_stop_strings(qwen_tokenizer):
             emitted += delta
             assert d.text.startswith(emitted)
         assert emitted == d.text
+
+
+@pytest.mark.parametrize("skip_special", [True, False])
+def test_rust_window_matches_the_python_rule(qwen_tokenizer, skip_special):
+    """DecodeStream (one Rust call per token) gives the python window rule's text after every token,
+    for random ids (partial characters, special tokens) after random prompt contexts."""
+    tok = qwen_tokenizer
+    rng = random.Random(7)
+    partial = list(range(200, 260))  # byte tokens: mostly pieces of multi-byte characters
+    special = [151643, 151644, 151645, 151657]
+    text_ids = tok.encode(MIXED + FOX, add_special_tokens=False)
+    pool = partial + special + text_ids + [rng.randrange(151643) for _ in range(200)]
+    used_stream = 0
+    for _ in range(60):
+        prompt = [rng.choice(pool) for _ in range(rng.randint(0, 8))]
+        ids = [rng.choice(pool) for _ in range(rng.randint(1, 40))]
+        fast = IncrementalDetokenizer(tok, prompt, [], skip_special)
+        slow = IncrementalDetokenizer(tok, prompt, [], skip_special)
+        slow._stream = None
+        used_stream += fast._stream is not None
+        for t in ids:
+            fast.add(t)
+            slow.add(t)
+            assert fast.text == slow.text
+        fast.flush()
+        slow.flush()
+        assert fast.text == slow.text
+    assert used_stream > 30  # most contexts end in a whole character
