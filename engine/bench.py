@@ -119,13 +119,15 @@ def _time_engine(llm, prompts, outs, temperature: float, label: str) -> tuple[fl
         torch.cuda.synchronize()
     steps0 = llm.core.num_steps
     profiler = _Profile(enabled=PROFILE)
-    with profiler:
+    timeline = _HostTimeline(llm.core, enabled=TIMELINE)
+    with profiler, timeline:
         t0 = time.perf_counter()
         results = llm.generate(prompts, params, use_tqdm=True)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
     profiler.report(dt, llm.core.num_steps - steps0)
+    timeline.report(dt, llm.core.num_steps - steps0)
     produced = sum(len(r.token_ids) for r in results)
     assert produced == sum(outs), f"{label}: produced {produced} tokens, expected {sum(outs)}"
     print(
@@ -136,6 +138,71 @@ def _time_engine(llm, prompts, outs, temperature: float, label: str) -> tuple[fl
 
 
 PROFILE = False
+TIMELINE = False
+
+
+class _HostTimeline:
+    """--timeline: wall time the host spends in each part of a step, without a profiler's overhead
+    (timers wrapped around the engine's step parts; blocking waits show up where they happen)."""
+
+    PARTS = (
+        ("scheduler", "schedule"),
+        ("runner", "prepare"),
+        ("runner", "execute"),
+        ("core", "_sample"),
+        ("core", "_finish"),
+        ("scheduler", "after_step"),
+    )
+
+    def __init__(self, core, enabled: bool) -> None:
+        self.core = core
+        self.enabled = enabled
+        self.totals: dict[str, float] = {}
+        self.saved: list[tuple[object, str, object]] = []
+
+    def _wrap(self, owner, name: str, label: str) -> None:
+        fn = getattr(owner, name)
+        totals = self.totals
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                totals[label] = totals.get(label, 0.0) + time.perf_counter() - t0
+
+        self.saved.append((owner, name, fn))
+        setattr(owner, name, timed)
+
+    def __enter__(self):
+        if self.enabled:
+            owners = {"core": self.core, "runner": self.core.runner, "scheduler": self.core.scheduler}
+            for owner, name in self.PARTS:
+                self._wrap(owners[owner], name, f"{owner}.{name}")
+            if self.core.device.type == "cuda":
+                import torch
+
+                self._wrap(torch.cuda.Event, "synchronize", "Event.synchronize")
+            for graphs in (self.core.runner.graphs, self.core.runner.extend_graphs):
+                if graphs is not None:
+                    self._wrap(graphs, "run", f"{type(graphs).__name__}.run")
+                    copies = getattr(graphs, "copies_of", None)
+                    every = [g for gs in copies.values() for g, _ in gs] if copies else graphs.graphs.values()
+                    for g in every:
+                        self._wrap(g, "replay", "CUDAGraph.replay")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, name, fn in reversed(self.saved):
+            setattr(owner, name, fn)
+        self.saved.clear()
+
+    def report(self, wall: float, steps: int) -> None:
+        if not self.enabled:
+            return
+        steps = max(steps, 1)
+        cells = ", ".join(f"{k} {v / steps * 1e6:.0f}" for k, v in sorted(self.totals.items()))
+        print(f"host timeline (us per step, wall {wall / steps * 1e6:.0f}): {cells}")
 
 
 class _Profile:
@@ -406,13 +473,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grammar-backend", default=None, help="G1: llguidance, xgrammar or outlines")
     p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     p.add_argument("--profile", action="store_true", help="print where the timed run spends its time")
+    p.add_argument("--timeline", action="store_true", help="print the host's wall time per step part")
     return p
 
 
 def main(argv: list[str] | None = None) -> dict:
-    global PROFILE
+    global PROFILE, TIMELINE
     args = build_parser().parse_args(argv)
-    PROFILE = args.profile
+    PROFILE, TIMELINE = args.profile, args.timeline
     result = WORKLOADS[args.workload](args)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

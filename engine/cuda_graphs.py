@@ -22,9 +22,16 @@ def default_sizes(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model, kv_caches, sizes: list[int], max_blocks: int, device: torch.device) -> None:
+    """`copies` graphs per size, replayed in turn: with overlapped steps, the next step's graph is
+    launched while the last one still runs on the device."""
+
+    def __init__(
+        self, model, kv_caches, sizes: list[int], max_blocks: int, device: torch.device, copies: int = 1
+    ) -> None:
         self.model = model
         self.kv_caches = kv_caches
+        self.copies = copies
+        self.turn = 0
         self.sizes = sorted(sizes)
         self.max_bs = self.sizes[-1]
         n = self.max_bs
@@ -33,7 +40,8 @@ class DecodeGraphs:
         self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
         self.block_tables = torch.zeros((n, max_blocks), dtype=torch.int32, device=device)
         self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # the first copy of each size
+        self.copies_of: dict[int, list[tuple[torch.cuda.CUDAGraph, torch.Tensor]]] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self._capture()
 
@@ -58,11 +66,14 @@ class DecodeGraphs:
         for bs in tqdm(sorted(self.sizes, reverse=True), desc="capturing CUDA graphs", unit="graph"):
             self._forward(bs)  # compiles kernels and settles allocations outside the capture
             torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits[bs] = self._forward(bs)
-            pool = graph.pool()
-            self.graphs[bs] = graph
+            self.copies_of[bs] = []
+            for _ in range(self.copies):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    logits = self._forward(bs)
+                pool = graph.pool()
+                self.copies_of[bs].append((graph, logits))
+            self.graphs[bs], self.logits[bs] = self.copies_of[bs][0]
         torch.cuda.synchronize()
 
     def padded_size(self, bs: int) -> int | None:
@@ -90,8 +101,10 @@ class DecodeGraphs:
         if size > bs:
             self.slot_mapping[bs:size].fill_(-1)
             self.seq_lens[bs:size].fill_(0)
-        self.graphs[size].replay()
-        return self.logits[size][:bs]
+        graph, logits = self.copies_of[size][self.turn % self.copies]
+        self.turn += 1
+        graph.replay()
+        return logits[:bs]
 
 
 def default_extend_sizes(max_tokens: int) -> list[int]:
