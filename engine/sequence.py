@@ -73,8 +73,13 @@ class Sequence:
         return len(self.token_ids) - self.num_computed_tokens
 
     @property
-    def is_finished(self) -> bool:
-        return self.status is SequenceStatus.FINISHED
+    def status(self) -> SequenceStatus:
+        return self._status
+
+    @status.setter
+    def status(self, value: SequenceStatus) -> None:
+        self._status = value
+        self.is_finished = value is SequenceStatus.FINISHED  # a plain attribute: read per token
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
