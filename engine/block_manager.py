@@ -178,6 +178,7 @@ class BlockManager:
                 else:
                     self.free_uncached.append(bid)
         seq.block_table = []
+        seq.table_row = -1  # the runner's copy of the old table is not this one
         seq.block_hashes = []
         seq.num_computed_tokens = 0
         if seq.retention_key is not None:

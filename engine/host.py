@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+_NUMPY = {torch.int64: np.int64, torch.int32: np.int32}
 
 
 def host_to_device(data, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -12,3 +15,49 @@ def host_to_device(data, dtype: torch.dtype, device: torch.device) -> torch.Tens
     if device.type == "cpu":
         return t
     return t.pin_memory().to(device, non_blocking=True)
+
+
+class Staging:
+    """Packs a step's numpy integer arrays into one host buffer per dtype and moves each in one copy.
+
+    On CUDA the buffers are pinned and reused: there are two sets, used in turn, and a set is
+    refilled only after the copy that last read it has run (an event per set), so the host can fill
+    step N+1's inputs while step N's copy is still queued. On the CPU the packed arrays are the
+    tensors (fresh each step: nothing may alias a tensor the previous step handed out)."""
+
+    def __init__(self, device: torch.device, sets: int = 2) -> None:
+        self.device = device
+        self.pinned = device.type == "cuda"
+        self.buffers: list[dict[torch.dtype, tuple[torch.Tensor, np.ndarray]]] = [{} for _ in range(sets)]
+        self.events: list[torch.cuda.Event | None] = [None] * sets
+        self.turn = 0
+
+    def upload(self, parts: dict[torch.dtype, list[np.ndarray]]) -> dict[torch.dtype, torch.Tensor]:
+        """{dtype: arrays} -> {dtype: the arrays concatenated, on the device} (dtypes with data only)."""
+        if not self.pinned:
+            return {
+                dt: torch.from_numpy(np.concatenate(arrays).astype(_NUMPY[dt], copy=False))
+                for dt, arrays in parts.items()
+                if sum(a.size for a in arrays)
+            }
+        i = self.turn
+        self.turn = (i + 1) % len(self.buffers)
+        event = self.events[i]
+        if event is not None:
+            event.synchronize()  # the copy that read this set last (done long ago, normally)
+        out = {}
+        for dt, arrays in parts.items():
+            n = sum(a.size for a in arrays)
+            if not n:
+                continue
+            held = self.buffers[i].get(dt)
+            if held is None or held[1].size < n:
+                size = max(n, 2 * held[1].size if held is not None else 4096)
+                buf = torch.empty(size, dtype=dt, pin_memory=True)
+                held = self.buffers[i][dt] = (buf, buf.numpy())
+            np.concatenate(arrays, out=held[1][:n])
+            out[dt] = held[0][:n].to(self.device, non_blocking=True)
+        if event is None:
+            event = self.events[i] = torch.cuda.Event()
+        event.record()
+        return out

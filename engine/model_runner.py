@@ -5,18 +5,25 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 
 from engine.attention import AttentionMetadata
+from engine.block_tables import BlockTables
 from engine.config import EngineConfig
-from engine.host import host_to_device
+from engine.host import Staging
 from engine.scheduler import ScheduledBatch
 from engine.sequence import PENDING
 
 log = logging.getLogger("chatloom.engine")
 
+_NONE = np.zeros(0, dtype=np.int64)
+
 
 class ModelRunner:
+    _tables: BlockTables | None = None  # created by the first prepare
+    _staging: Staging | None = None
+
     def __init__(self, model, config: EngineConfig, device: torch.device, dtype: torch.dtype) -> None:
         self.model = model
         self.config = config
@@ -72,66 +79,91 @@ class ModelRunner:
     def prepare(
         self, batch: ScheduledBatch, pending: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
-        """The step's tensors, moved in one host-to-device copy per dtype."""
+        """The step's tensors, moved in one host-to-device copy per dtype. Decodes (one token each,
+        the last of their sequence) are built a column at a time with numpy; block tables come from
+        a host copy that only learns the blocks gained since the last step."""
+        if self._staging is None:
+            self._tables = BlockTables(2 * self.config.max_num_seqs)
+            self._staging = Staging(self.device)
         bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        sample_rows: list[int] = []
-        nd = batch.num_decodes
-        pending_at: list[int] = []  # batch positions whose token is still on the device
-        pending_rows: list[int] = []  # ... and its row in the previous step's sampled ids
-        for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
-            start = seq.num_computed_tokens
-            input_ids.extend(seq.token_ids[start : start + n])
-            if input_ids[-1] == PENDING:
-                pending_at.append(len(input_ids) - 1)
-                pending_rows.append(seq.pending_row)
-            table = seq.block_table
-            if n == 1:
-                positions.append(start)
-                slots.append(table[start // bs] * bs + start % bs)
-            else:
-                positions.extend(range(start, start + n))
-                slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
-            if start + n == seq.num_tokens:
-                sample_rows.append(len(input_ids) - 1)
+        seqs, nd = batch.seqs, batch.num_decodes
+        rows, num_blocks = self._tables.rows(seqs)  # (num_seqs,) each
+        table = self._tables.table
+        dec, pre = seqs[:nd], seqs[nd:]
+        q_lens = batch.num_new_tokens[nd:]
+
+        # decodes: (nd,) each
+        d_pos = np.array([s.num_computed_tokens for s in dec], dtype=np.int64)
+        d_ids = np.array([s.token_ids[-1] for s in dec], dtype=np.int64)  # the one uncomputed token
+        d_slots = table[rows[:nd], d_pos // bs].astype(np.int64) * bs + d_pos % bs
+        pend_at = np.flatnonzero(d_ids == PENDING)  # batch positions whose token is still on the device
+        pend_rows = np.array([dec[i].pending_row for i in pend_at.tolist()], dtype=np.int64)
+        sample_rows = list(range(nd))  # rows of the step's tokens whose logits are sampled
+
+        # prefill chunks: (num_prefill_tokens,) each
+        p_ids: list[int] = []
+        p_pos = p_slots = _NONE
+        p_pend_at: list[int] = []
+        p_pend_rows: list[int] = []
+        if pre:
+            p_start: list[int] = []
+            for seq, n in zip(pre, q_lens, strict=True):
+                start = seq.num_computed_tokens
+                p_start.append(start)
+                p_ids.extend(seq.token_ids[start : start + n])
+                at = nd + len(p_ids) - 1
+                if p_ids[-1] == PENDING:
+                    p_pend_at.append(at)
+                    p_pend_rows.append(seq.pending_row)
+                if start + n == len(seq.token_ids):
+                    sample_rows.append(at)
+            q = np.array(q_lens, dtype=np.int64)
+            cu = np.zeros(len(pre) + 1, dtype=np.int64)  # (num_prefills + 1,)
+            np.cumsum(q, out=cu[1:])
+            pre_start = np.array(p_start, dtype=np.int64)
+            p_pos = np.arange(cu[-1], dtype=np.int64) + np.repeat(pre_start - cu[:-1], q)
+            p_slots = table[np.repeat(rows[nd:], q), p_pos // bs].astype(np.int64) * bs + p_pos % bs
 
         up = _Upload()
-        h_ids = up.add(input_ids, torch.int64)
-        h_pos = up.add(positions, torch.int64)
-        h_slots = up.add(slots, torch.int64)
-        h_pend = up.add(pending_at + pending_rows, torch.int64)
-        h_rows = up.add(sample_rows, torch.int64)
-        dec, pre = batch.seqs[:nd], batch.seqs[nd:]
-        dec_lens = [s.num_computed_tokens + 1 for s in dec]
-        h_dec = (up.table(dec), up.add(dec_lens, torch.int32)) if dec else None
-        h_pre = None
-        q_lens = batch.num_new_tokens[nd:]
+        h_ids = up.add(np.concatenate([d_ids, np.array(p_ids, dtype=np.int64)]), torch.int64)
+        h_pos = up.add(np.concatenate([d_pos, p_pos]), torch.int64)
+        h_slots = up.add(np.concatenate([d_slots, p_slots]), torch.int64)
+        k = pend_at.size + len(p_pend_at)
+        # (2k,) the pending batch positions, then their rows in the previous step's sampled ids
+        pend = [pend_at, np.array(p_pend_at, np.int64), pend_rows, np.array(p_pend_rows, np.int64)]
+        h_pend = up.add(np.concatenate(pend), torch.int64)
+        h_rows = up.add(np.array(sample_rows, dtype=np.int64) if pre else np.arange(nd), torch.int64)
+        dec_max = 0
+        h_dec = h_pre = None
+        if nd:
+            width = int(num_blocks[:nd].max())
+            dec_max = int(d_pos.max()) + 1
+            h_dec = (up.add(table[rows[:nd], :width], torch.int32, rows=nd), up.add(d_pos + 1, torch.int32))
         if pre:
-            cu = [0]
-            for q in q_lens:
-                cu.append(cu[-1] + q)
-            pre_lens = [s.num_computed_tokens + q for s, q in zip(pre, q_lens, strict=True)]
-            h_pre = (up.table(pre), up.add(cu, torch.int32), up.add(pre_lens, torch.int32))
-        t = up.upload(self.device)
+            width = int(num_blocks[nd:].max())
+            h_pre = (
+                up.add(table[rows[nd:], :width], torch.int32, rows=len(pre)),
+                up.add(cu, torch.int32),
+                up.add(pre_start + q, torch.int32),
+            )
+        t = up.upload(self._staging)
         meta = AttentionMetadata(
             slot_mapping=t[h_slots],
             num_decodes=nd,
             decode_block_tables=t[h_dec[0]] if h_dec else None,
             decode_seq_lens=t[h_dec[1]] if h_dec else None,
-            decode_max_seq_len=max(dec_lens, default=0),
+            decode_max_seq_len=dec_max,
             prefill_block_tables=t[h_pre[0]] if h_pre else None,
             prefill_cu_seqlens_q=t[h_pre[1]] if h_pre else None,
             prefill_seq_lens=t[h_pre[2]] if h_pre else None,
             prefill_max_q=max(q_lens, default=0),
         )
         ids = t[h_ids]
-        if pending_at:
+        if k:
             if pending is None:
                 raise RuntimeError("a scheduled token is still in flight but no previous step was given")
-            k = len(pending_at)
-            ids[t[h_pend][:k]] = pending[t[h_pend][k:]]
+            where = t[h_pend]
+            ids.index_copy_(0, where[:k], pending.index_select(0, where[k:]))
         self.sample_rows = t[h_rows]  # (num_sampling,) rows of the hidden states to project
         return ids, t[h_pos], meta, sample_rows
 
@@ -184,28 +216,20 @@ class _Upload:
     """Collects a step's integer arrays; upload() moves them in one copy per dtype and returns views."""
 
     def __init__(self) -> None:
-        self.data: dict[torch.dtype, list[int]] = {torch.int64: [], torch.int32: []}
+        self.parts: dict[torch.dtype, list[np.ndarray]] = {torch.int64: [], torch.int32: []}
+        self.sizes = {torch.int64: 0, torch.int32: 0}
         self.specs: list[tuple[torch.dtype, int, int, int]] = []  # dtype, offset, length, rows (0 = 1-D)
 
-    def add(self, values: list[int], dtype: torch.dtype, rows: int = 0) -> int:
-        buf = self.data[dtype]
-        self.specs.append((dtype, len(buf), len(values), rows))
-        buf.extend(values)
+    def add(self, values: np.ndarray, dtype: torch.dtype, rows: int = 0) -> int:
+        self.specs.append((dtype, self.sizes[dtype], values.size, rows))
+        self.parts[dtype].append(values.reshape(-1))
+        self.sizes[dtype] += values.size
         return len(self.specs) - 1
 
-    def table(self, seqs) -> int:
-        # (num_seqs, max_blocks) int32 block tables, padded with block 0 (never read past seq_len)
-        width = max(len(s.block_table) for s in seqs)
-        flat: list[int] = []
-        for s in seqs:
-            flat.extend(s.block_table)
-            flat.extend([0] * (width - len(s.block_table)))
-        return self.add(flat, torch.int32, rows=len(seqs))
-
-    def upload(self, device: torch.device) -> list[torch.Tensor]:
-        moved = {dt: host_to_device(buf, dt, device) for dt, buf in self.data.items() if buf}
+    def upload(self, staging: Staging) -> list[torch.Tensor]:
+        moved = staging.upload(self.parts)
         out = []
         for dt, off, n, rows in self.specs:
-            t = moved[dt][off : off + n] if n else torch.empty(0, dtype=dt, device=device)
+            t = moved[dt][off : off + n] if dt in moved else torch.empty(0, dtype=dt, device=staging.device)
             out.append(t.view(rows, -1) if rows else t)
         return out

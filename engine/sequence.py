@@ -41,7 +41,8 @@ class Sequence:
         self.retention_key = retention_key
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.status = SequenceStatus.WAITING
-        self.block_table: list[int] = []
+        self.block_table: list[int] = []  # only appended to; freeing gives a new list
+        self.table_row = -1  # its row in the model runner's host copy of block tables; -1: not copied
         self.block_hashes: list[int] = []  # chain hashes of this sequence's full blocks, in order
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at admission

@@ -1,0 +1,133 @@
+"""ModelRunner.prepare builds exactly the step tensors of the plain per-token rule (written out
+below), over random scheduled batches: chunked prefills, decodes, tokens still in flight (patched
+from the previous step's sampled ids), finishes and preemptions."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.model_runner import ModelRunner
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import PENDING, Sequence
+
+
+def bare_runner(block_size: int, max_num_seqs: int) -> ModelRunner:
+    runner = ModelRunner.__new__(ModelRunner)  # prepare needs no model
+    runner.block_size = block_size
+    runner.device = torch.device("cpu")
+    runner.config = EngineConfig(block_size=block_size, max_num_seqs=max_num_seqs)
+    return runner
+
+
+def expected(batch, bs: int, pending: torch.Tensor | None) -> dict:
+    ids, pos, slots, rows = [], [], [], []
+    nd = batch.num_decodes
+    for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
+        start = seq.num_computed_tokens
+        for p in range(start, start + n):
+            tok = seq.token_ids[p]
+            ids.append(int(pending[seq.pending_row]) if tok == PENDING else tok)
+            pos.append(p)
+            slots.append(seq.block_table[p // bs] * bs + p % bs)
+        if start + n == seq.num_tokens:
+            rows.append(len(ids) - 1)
+
+    def table(seqs):
+        width = max(len(s.block_table) for s in seqs)
+        return [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
+
+    dec, pre, q = batch.seqs[:nd], batch.seqs[nd:], batch.num_new_tokens[nd:]
+    out = dict(ids=ids, pos=pos, slots=slots, rows=rows)
+    if dec:
+        out.update(dec_table=table(dec), dec_lens=[s.num_computed_tokens + 1 for s in dec])
+    if pre:
+        cu = [0]
+        for n in q:
+            cu.append(cu[-1] + n)
+        lens = [s.num_computed_tokens + n for s, n in zip(pre, q, strict=True)]
+        out.update(pre_table=table(pre), cu=cu, pre_lens=lens)
+    return out
+
+
+def test_prepare_matches_the_per_token_rule():
+    rng = random.Random(0)
+    bs = 4
+    sched = Scheduler(BlockManager(num_blocks=40, block_size=bs), max_num_seqs=8, max_num_batched_tokens=24)
+    runner = bare_runner(bs, 8)
+    sampled: torch.Tensor | None = None  # the previous step's sampled ids
+    inflight: list[tuple[Sequence, int, int]] = []  # (seq, position, row in sampled)
+    steps = 0
+    for step in range(300):
+        if rng.random() < 0.3:
+            prompt = [rng.randrange(1000) for _ in range(rng.randint(1, 40))]
+            sched.add(Sequence(f"r{step}", prompt, SamplingParams(max_tokens=rng.randint(1, 30))))
+        batch = sched.schedule()
+        if not batch:
+            continue
+        steps += 1
+        want = expected(batch, bs, sampled)
+        ids, pos, meta, rows = runner.prepare(batch, sampled)
+        assert ids.tolist() == want["ids"] and pos.tolist() == want["pos"]
+        assert meta.slot_mapping.tolist() == want["slots"]
+        assert rows == want["rows"] == runner.sample_rows.tolist()
+        assert meta.num_decodes == batch.num_decodes
+        if "dec_table" in want:
+            assert meta.decode_block_tables.dtype == torch.int32
+            assert meta.decode_block_tables.tolist() == want["dec_table"]
+            assert meta.decode_seq_lens.tolist() == want["dec_lens"]
+            assert meta.decode_max_seq_len == max(want["dec_lens"])
+        else:
+            assert meta.decode_block_tables is None
+        if "pre_table" in want:
+            assert meta.prefill_block_tables.tolist() == want["pre_table"]
+            assert meta.prefill_cu_seqlens_q.tolist() == want["cu"]
+            assert meta.prefill_seq_lens.tolist() == want["pre_lens"]
+            assert meta.prefill_max_q == max(batch.num_new_tokens[batch.num_decodes :])
+        else:
+            assert meta.prefill_block_tables is None
+        # the engine's order: sample this step (placeholders), read back the previous one, record K/V
+        sampling = [
+            s
+            for s, n in zip(batch.seqs, batch.num_new_tokens, strict=True)
+            if s.num_computed_tokens + n == s.num_tokens
+        ]
+        new = torch.randint(0, 1000, (max(len(sampling), 1),))
+        launched = []
+        for row, seq in enumerate(sampling):
+            launched.append((seq, seq.num_tokens, row))
+            seq.append_token(PENDING)
+            seq.pending_row = row
+            if seq.num_output_tokens >= seq.params.max_tokens:
+                seq.done_scheduling = True
+        for seq, p, row in inflight:
+            if not seq.is_finished:
+                seq.token_ids[p] = int(sampled[row])
+                if seq.done_scheduling and p == seq.num_tokens - 1:  # its last token
+                    sched.finish(seq)
+                elif rng.random() < 0.03:  # a stop
+                    del seq.token_ids[p + 1 :]
+                    sched.finish(seq)
+        sched.after_step(batch)
+        sampled, inflight = new, launched
+    assert steps > 100
+    assert sched.num_preemptions > 0  # the pool is small: tables were freed and built again
+
+
+def test_a_prefill_chunk_ending_in_a_token_in_flight_is_patched():
+    bs = 4
+    sched = Scheduler(BlockManager(num_blocks=16, block_size=bs), max_num_seqs=4, max_num_batched_tokens=64)
+    a = Sequence("a", [5, 6, 7], SamplingParams())
+    b = Sequence("b", [8, 9, 10, 11, 12], SamplingParams())
+    b.append_token(PENDING)
+    b.pending_row = 2
+    for s in (a, b):
+        sched.add(s)
+    batch = sched.schedule()
+    ids, _, meta, rows = bare_runner(bs, 4).prepare(batch, torch.tensor([100, 101, 102]))
+    assert ids.tolist() == [5, 6, 7, 8, 9, 10, 11, 12, 102]
+    assert rows == [2, 8] and meta.prefill_cu_seqlens_q.tolist() == [0, 3, 9]
