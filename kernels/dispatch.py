@@ -10,6 +10,8 @@ Differences of the Triton path that callers must respect (the references are pur
 - `paged_attention` takes `max_seqlen_q` (python int) to size its grid; without it (or 0), it is read
   from cu_seqlens_q with a host sync (fine for prefill, not inside a CUDA graph). A value below the
   true longest q_len silently leaves the excess query rows unwritten.
+- `add_rms_norm_linear` may consume x and residual (it is fused_add_rms_norm + linear where the fused
+  GEMV does not run); use the returned residual.
 - `qk_norm_rope_store_kv` (not a reference kernel of the first list) replaces q_norm + k_norm +
   apply_rope + store_kv: one launch instead of four per layer, for launch-bound decode steps.
 - `decode_attention` takes `out`, `max_seq_len`, `num_splits` (python ints) and is CUDA-graph safe;
@@ -260,6 +262,35 @@ def silu_and_mul_linear(
         if gemv.use_gemv(gate_up.shape[0], weight.shape[0], weight.shape[1]):
             return gemv.gemv(gate_up, weight, bias, silu_mul=True)
     return linear(silu_and_mul(gate_up), weight, bias)
+
+
+def add_rms_norm_linear(
+    x: torch.Tensor,  # (M, K)
+    residual: torch.Tensor | None,  # (M, K); None (the first layer): normalize x alone
+    norm_weight: torch.Tensor,  # (K,)
+    eps: float,
+    weight: torch.Tensor,  # (N, K)
+    bias: torch.Tensor | None = None,  # (N,)
+) -> tuple[torch.Tensor, torch.Tensor]:  # y (M, N), new residual (M, K)
+    """(linear(rms_norm(x + residual)), x + residual), or (linear(rms_norm(x)), x) without a residual.
+    Where `linear` would take the Triton GEMV, one launch: the GEMV normalizes its input as it reads it.
+    Elsewhere the unfused ops, so x and residual are consumed (in place on CUDA, see the docstring)."""
+    if (
+        _gemv_fits(x, weight, bias)
+        and norm_weight.dtype == x.dtype
+        and (residual is None or (residual.dtype == x.dtype and residual.stride(-1) == 1))
+    ):
+        from kernels import gemv
+
+        if gemv.use_gemv(x.shape[0], weight.shape[0], weight.shape[1]):
+            return gemv.add_rms_norm_gemv(x, residual, norm_weight.contiguous(), eps, weight, bias)
+    if not use_triton(x):
+        return ref.add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
+    if residual is None:
+        h, residual = rms_norm(x, norm_weight, eps), x
+    else:
+        h, residual = fused_add_rms_norm(x, residual, norm_weight, eps)
+    return linear(h, weight, bias), residual
 
 
 def sample_tokens(

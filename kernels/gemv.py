@@ -12,6 +12,12 @@ Two paths, chosen per call by `choose_config`:
   SMs idle, K is split over SPLIT_K programs that write fp32 partials (SPLIT_K, M, N), and a second
   launch sums them (fixed order: deterministic), adds the bias and rounds once.
 Accumulation is fp32 and the result is rounded to x's dtype once, as cuBLAS does.
+
+The fma path also folds in what precedes a decode projection, so that one launch replaces two: SILU_MUL
+(the down projection reads gate_up) and NORM (`add_rms_norm_gemv`: the qkv and gate_up projections read
+rms_norm(x + residual)). With NORM every program first walks x (+ residual) once for the sums of squares
+(a few KB, from L2), then rebuilds the normalized input chunk by chunk in its K loop, rounded exactly as
+reference.rms_norm rounds; program 0 writes x + residual to a new tensor.
 """
 
 from __future__ import annotations
@@ -41,15 +47,23 @@ def _gemv_fma_kernel(
     w_ptr,  # (N, K), row stride stride_w
     b_ptr,  # (N,) bias; unused unless HAS_BIAS
     y_ptr,  # (M, N), row stride stride_y
+    r_ptr,  # (M, K) residual, row stride stride_r; unused unless HAS_RESIDUAL
+    nw_ptr,  # (K,) RMSNorm weight; unused unless NORM
+    r_out_ptr,  # (M, K) contiguous: x + residual, written by program 0; unused unless HAS_RESIDUAL
     M,
     N,
     K,
     stride_x,
     stride_w,
     stride_y,
+    stride_r,
+    eps,
     HAS_BIAS: tl.constexpr,
     EVEN: tl.constexpr,  # N % BLOCK_N == 0 and K % BLOCK_K == 0: no masks on W
     SILU_MUL: tl.constexpr,  # x is a fused gate_up (M, 2K): multiply by silu(gate) * up (silu_and_mul)
+    NORM: tl.constexpr,  # multiply by rms_norm(x (+ residual)) (reference.add_rms_norm_linear)
+    HAS_RESIDUAL: tl.constexpr,
+    NORM_BLOCK: tl.constexpr,  # K step of the sum-of-squares pass
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -60,6 +74,21 @@ def _gemv_fma_kernel(
     rk = tl.arange(0, BLOCK_K)
     mask_m = rm < M
     mask_n = rn < N
+    if NORM:  # every program reads the rows of x once (a few KB from L2) for their sums of squares
+        rs = tl.arange(0, NORM_BLOCK)
+        sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for k0 in range(0, K, NORM_BLOCK):
+            mask = mask_m[:, None] & ((k0 + rs) < K)[None, :]
+            s = tl.load(x_ptr + rm[:, None] * stride_x + (k0 + rs)[None, :], mask=mask, other=0.0)
+            if HAS_RESIDUAL:  # rounded to the activation dtype like torch's `x + residual`
+                r = tl.load(r_ptr + rm[:, None] * stride_r + (k0 + rs)[None, :], mask=mask, other=0.0)
+                s = (s.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+                if pid == 0:  # into a separate buffer: the other programs still read the old residual
+                    tl.store(r_out_ptr + rm[:, None] * K + (k0 + rs)[None, :], s, mask=mask)
+            sf = s.to(tl.float32)
+            sum_sq += tl.sum(sf * sf, axis=1)
+        rstd = 1.0 / tl.sqrt(sum_sq / K + eps)  # (BLOCK_M,)
+        r_ptrs = r_ptr + rm[:, None] * stride_r + rk[None, :]  # (BLOCK_M, BLOCK_K)
     w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * stride_w + rk[None, :]  # (BLOCK_N, BLOCK_K)
     x_ptrs = x_ptr + rm[:, None] * stride_x + rk[None, :]  # (BLOCK_M, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -71,6 +100,20 @@ def _gemv_fma_kernel(
             mask_k = (k0 + rk) < K
             w = tl.load(w_ptrs, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
             x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        if NORM:  # h rebuilt chunk by chunk, rounded as reference.rms_norm rounds (and HF)
+            if EVEN:
+                nw = tl.load(nw_ptr + k0 + rk)
+            else:
+                nw = tl.load(nw_ptr + k0 + rk, mask=mask_k, other=0.0)
+            if HAS_RESIDUAL:
+                if EVEN:
+                    r = tl.load(r_ptrs, mask=mask_m[:, None], other=0.0)
+                else:
+                    r = tl.load(r_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+                x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+                r_ptrs += BLOCK_K
+            h = (x.to(tl.float32) * rstd[:, None]).to(x_ptr.dtype.element_ty)
+            x = (nw.to(tl.float32)[None, :] * h.to(tl.float32)).to(x_ptr.dtype.element_ty)
         if SILU_MUL:  # rounded as kernels.activation.silu_and_mul (and F.silu) round
             if EVEN:
                 up = tl.load(x_ptrs + K, mask=mask_m[:, None], other=0.0).to(tl.float32)
@@ -230,6 +273,33 @@ def choose_config(m: int, n: int, k: int, device: torch.device) -> GemvConfig:
     return _heuristic(m, n, k, _sm_count(device.index or 0) if device.type == "cuda" else 4)
 
 
+def _checked_out(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None, k_x: int
+) -> torch.Tensor:  # (M, N): `out`, or a new tensor
+    """Validates x (M, k_x), weight (N, K), bias (N,) and out (M, N)."""
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != k_x:
+        raise ValueError(f"x (M, K) and weight (N, K) expected, got {tuple(x.shape)}, {tuple(weight.shape)}")
+    if x.stride(-1) != 1 or weight.stride(-1) != 1:
+        raise ValueError("x and weight need a contiguous last dim")
+    if weight.dtype != x.dtype:
+        raise ValueError(f"weight dtype {weight.dtype} != x dtype {x.dtype}")
+    m, n = x.shape[0], weight.shape[0]
+    if bias is not None and (bias.shape != (n,) or not bias.is_contiguous()):
+        raise ValueError(f"bias must be contiguous ({n},), got {tuple(bias.shape)}")
+    if out is None:
+        return torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if out.shape != (m, n) or out.dtype != x.dtype or out.stride(-1) != 1:
+        raise ValueError("out must be (M, N) of x's dtype with a contiguous last dim")
+    return out
+
+
+def _config(x: torch.Tensor, n: int, k: int, config: GemvConfig | None) -> GemvConfig:
+    cfg = config or choose_config(x.shape[0], n, k, x.device)
+    if is_interpreting(x) and config is None:  # small tiles keep the interpreter fast
+        cfg = cfg._replace(block_n=min(cfg.block_n, 16), block_k=min(cfg.block_k, 64))
+    return cfg
+
+
 def gemv(
     x: torch.Tensor,  # (M, K)
     weight: torch.Tensor,  # (N, K), same dtype as x
@@ -246,36 +316,23 @@ def gemv(
             from kernels.activation import silu_and_mul
 
             return gemv(silu_and_mul(x), weight, bias, config, out)
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1] * (2 if silu_mul else 1):
-        raise ValueError(f"x (M, K) and weight (N, K) expected, got {tuple(x.shape)}, {tuple(weight.shape)}")
-    if x.stride(-1) != 1 or weight.stride(-1) != 1:
-        raise ValueError("x and weight need a contiguous last dim")
-    if weight.dtype != x.dtype:
-        raise ValueError(f"weight dtype {weight.dtype} != x dtype {x.dtype}")
+    out = _checked_out(x, weight, bias, out, weight.shape[-1] * (2 if silu_mul else 1))
     m = x.shape[0]
     n, k = weight.shape
-    if bias is not None and (bias.shape != (n,) or not bias.is_contiguous()):
-        raise ValueError(f"bias must be contiguous ({n},), got {tuple(bias.shape)}")
-    if out is None:
-        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    elif out.shape != (m, n) or out.dtype != x.dtype or out.stride(-1) != 1:
-        raise ValueError("out must be (M, N) of x's dtype with a contiguous last dim")
     if m == 0 or n == 0:
         return out
     if k == 0:
         return out.copy_(bias.expand(m, n) if bias is not None else torch.zeros_like(out))
-    cfg = config or choose_config(m, n, k, x.device)
-    if is_interpreting(x) and config is None:  # small tiles keep the interpreter fast
-        cfg = cfg._replace(block_n=min(cfg.block_n, 16), block_k=min(cfg.block_k, 64))
+    cfg = _config(x, n, k, config)
     b = bias if bias is not None else weight  # a dummy pointer when HAS_BIAS is off
     has_bias = bias is not None
     if cfg.path == "fma":
-        block_m = next_pow2(m)
         even = n % cfg.block_n == 0 and k % cfg.block_k == 0
         _gemv_fma_kernel[(triton.cdiv(n, cfg.block_n),)](
-            x, weight, b, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
-            HAS_BIAS=has_bias, EVEN=even, SILU_MUL=silu_mul, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k,
+            x, weight, b, out, weight, weight, weight, m, n, k, x.stride(0), weight.stride(0),
+            out.stride(0), 0, 0.0,
+            HAS_BIAS=has_bias, EVEN=even, SILU_MUL=silu_mul, NORM=False, HAS_RESIDUAL=False, NORM_BLOCK=1,
+            BLOCK_M=next_pow2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         return out
@@ -296,3 +353,52 @@ def gemv(
             dst, b, out, m, n, out.stride(0), HAS_BIAS=has_bias, SPLIT_K=split, BLOCK=block, num_warps=4
         )
     return out
+
+
+NORM_TILE = 2048  # elements of x (+ residual) per step of the sum-of-squares pass, all rows together
+
+
+def add_rms_norm_gemv(
+    x: torch.Tensor,  # (M, K)
+    residual: torch.Tensor | None,  # (M, K), same dtype as x; None: normalize x alone
+    norm_weight: torch.Tensor,  # (K,) contiguous, same dtype as x
+    eps: float,
+    weight: torch.Tensor,  # (N, K), same dtype as x
+    bias: torch.Tensor | None = None,  # (N,)
+    config: GemvConfig | None = None,
+    out: torch.Tensor | None = None,  # (M, N) of x's dtype
+) -> tuple[torch.Tensor, torch.Tensor]:  # y (M, N), new residual (M, K)
+    """(rms_norm(x + residual) @ W^T + bias, x + residual), as reference.add_rms_norm_linear; residual
+    None: (rms_norm(x) @ W^T + bias, x). One launch on the fma path; the inputs are never modified (the
+    new residual is a new tensor). Other paths run the norm, then `gemv`."""
+    out = _checked_out(x, weight, bias, out, weight.shape[-1])
+    m, k = x.shape
+    n = weight.shape[0]
+    if residual is not None and (
+        residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(-1) != 1
+    ):
+        raise ValueError("residual must match x in shape and dtype, with a contiguous last dim")
+    if norm_weight.shape != (k,) or norm_weight.dtype != x.dtype or not norm_weight.is_contiguous():
+        raise ValueError(
+            f"norm_weight must be contiguous ({k},) of x's dtype, got {tuple(norm_weight.shape)}"
+        )
+    cfg = _config(x, n, k, config)
+    if cfg.path != "fma" or m == 0 or n == 0 or k == 0:
+        from kernels.rmsnorm import rms_norm
+
+        new_residual = x if residual is None else x + residual
+        return gemv(rms_norm(new_residual, norm_weight, eps), weight, bias, config, out), new_residual
+    block_m = next_pow2(m)
+    norm_block = min(next_pow2(k), max(cfg.block_k, NORM_TILE // block_m))
+    if is_interpreting(x) and config is None:
+        norm_block = min(norm_block, 64)
+    new_residual = x if residual is None else torch.empty((m, k), dtype=x.dtype, device=x.device)
+    r = residual if residual is not None else x  # a dummy pointer when HAS_RESIDUAL is off
+    _gemv_fma_kernel[(triton.cdiv(n, cfg.block_n),)](
+        x, weight, bias if bias is not None else weight, out, r, norm_weight, new_residual, m, n, k,
+        x.stride(0), weight.stride(0), out.stride(0), r.stride(0), eps,
+        HAS_BIAS=bias is not None, EVEN=n % cfg.block_n == 0 and k % cfg.block_k == 0, SILU_MUL=False,
+        NORM=True, HAS_RESIDUAL=residual is not None, NORM_BLOCK=norm_block, BLOCK_M=block_m,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return out, new_residual

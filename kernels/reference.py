@@ -212,6 +212,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+def add_rms_norm_linear(
+    x: torch.Tensor,  # (M, K)
+    residual: torch.Tensor | None,  # (M, K); None: normalize x alone
+    norm_weight: torch.Tensor,  # (K,)
+    eps: float,
+    weight: torch.Tensor,  # (N, K)
+    bias: torch.Tensor | None = None,  # (N,)
+) -> tuple[torch.Tensor, torch.Tensor]:  # y (M, N), new residual (M, K)
+    """A decoder layer's (residual add +) RMSNorm feeding a projection: (linear(h), new residual) with
+    (h, new residual) = fused_add_rms_norm(x, residual), or (rms_norm(x), x) when residual is None."""
+    if residual is None:
+        h, new_residual = rms_norm(x, norm_weight, eps), x
+    else:
+        h, new_residual = fused_add_rms_norm(x, residual, norm_weight, eps)
+    return linear(h, weight, bias), new_residual
+
+
 def sample_tokens(
     logits: torch.Tensor,  # (batch, vocab)
     temperatures: torch.Tensor,  # (batch,) float32; 0 = greedy
