@@ -534,8 +534,24 @@ def sweep_gemv(dtype, device, ms: list[int], reps: int = 10) -> None:
                 t_fused = _streamed(lambda i, ws=ws, gu=gu: gemv(gu, ws[i], silu_mul=True), len(ws), reps)
                 print(f"    silu_and_mul + down: two launches {t_two * 1e6:.2f} us, "
                       f"fused {t_fused * 1e6:.2f} us")  # fmt: skip
+            if name in ("qkv", "gate_up") and m == 1:  # the residual add + RMSNorm fused into the input
+                _sweep_norm_gemv(name, m, k, ws, dtype, device, reps)
     print("TUNED = {\n" + "\n".join(tuned) + "\n}")
     print(f"wins (N, K) -> largest M: {wins}")
+
+
+def _sweep_norm_gemv(name: str, m: int, k: int, ws: list, dtype, device, reps: int) -> None:
+    from kernels.gemv import add_rms_norm_gemv, gemv
+    from kernels.rmsnorm import fused_add_rms_norm
+
+    x, res = _randn(m, k, dtype=dtype, device=device), _randn(m, k, dtype=dtype, device=device)
+    nw = _randn(k, dtype=dtype, device=device)
+    # in place, as the engine runs it: the values drift over the replays, the times do not
+    t_two = _streamed(lambda i: gemv(fused_add_rms_norm(x, res, nw, 1e-6)[0], ws[i]), len(ws), reps)
+    t_fused = _streamed(lambda i: add_rms_norm_gemv(x, res, nw, 1e-6, ws[i]), len(ws), reps)
+    t_first = _streamed(lambda i: add_rms_norm_gemv(x, None, nw, 1e-6, ws[i]), len(ws), reps)
+    print(f"    fused_add_rms_norm + {name}: two launches {t_two * 1e6:.2f} us, fused {t_fused * 1e6:.2f} us "
+          f"(no residual: {t_first * 1e6:.2f} us)")  # fmt: skip
 
 
 def sweep_sampling(device, reps: int = 20) -> None:
