@@ -120,6 +120,10 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = ops.linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias)
+        return self.forward_gate_up(gate_up)
+
+    def forward_gate_up(self, gate_up: torch.Tensor) -> torch.Tensor:
+        # (num_tokens, 2 * intermediate), the gate_up projection's output -> (num_tokens, hidden)
         return ops.silu_and_mul_linear(gate_up, self.down_proj.weight, self.down_proj.bias)
 
 
@@ -132,14 +136,19 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, x, residual, positions, cos_sin, kv_cache, meta):
-        if residual is None:
-            residual = x
-            h = self.input_layernorm(x)
-        else:
-            h, residual = self.input_layernorm.forward_add(x, residual)
-        h = self.self_attn(h, positions, cos_sin, kv_cache, meta)
-        h, residual = self.post_attention_layernorm.forward_add(h, residual)
-        return self.mlp(h), residual
+        """x: (num_tokens, hidden), the previous layer's output (the embeddings for the first layer, where
+        residual is None). Each (residual add +) RMSNorm runs inside the projection that reads it
+        (ops.add_rms_norm_linear): at decode batch sizes, one launch instead of two."""
+        attn, mlp = self.self_attn, self.mlp
+        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        qkv, residual = ops.add_rms_norm_linear(
+            x, residual, norm1.weight, norm1.eps, attn.qkv_proj.weight, attn.qkv_proj.bias
+        )  # (num_tokens, q_size + 2 * kv_size)
+        o = attn.forward_qkv(qkv, positions, cos_sin, kv_cache, meta)  # (num_tokens, hidden)
+        gate_up, residual = ops.add_rms_norm_linear(
+            o, residual, norm2.weight, norm2.eps, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias
+        )  # (num_tokens, 2 * intermediate)
+        return mlp.forward_gate_up(gate_up), residual
 
 
 class LlamaForCausalLM(nn.Module):
