@@ -70,6 +70,12 @@ def _launches(dtype: torch.dtype):
                     torch.randn(16, 128), torch.arange(2),
                 )  # fmt: skip
                 paged_decode_attention(qkv[:2, :16], kc, vc, bt, sl, 0.1, new_token=new, num_splits=splits)
+            from kernels.gemv import add_rms_norm_gemv, gemv
+
+            h1, wq = torch.randn(1, 1024).to(dtype), torch.randn(4096, 1024).to(dtype)
+            for res in (None, h1.clone()):  # the decode GEMVs at M = 1, the norm folded in or not
+                add_rms_norm_gemv(h1, res, w, 1e-6, wq)
+            gemv(torch.randn(1, 6144).to(dtype), torch.randn(1024, 3072).to(dtype), silu_mul=True)
             apply_token_bitmask_(torch.randn(4, 1000), torch.zeros(4, 32, dtype=torch.int32), torch.arange(2))
     return launches
 
