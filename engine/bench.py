@@ -330,6 +330,7 @@ def bench_gpu(args) -> dict:
             dtype="bfloat16",
             max_model_len=4096,
             enforce_eager=args.eager,
+            cuda_graph_copies=args.graph_copies,
             max_num_seqs=max(len(prompts), 1) if args.workload != "w2" else 256,
         )
         print(f"engine start-up: {time.perf_counter() - t0:.2f} s")
@@ -469,6 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peer", choices=["none", "hf"], default="none", help="also run HF transformers generate")
     p.add_argument("--threads", type=int, default=2, help="CPU threads for both sides (CPU workloads)")
     p.add_argument("--eager", action="store_true", help="GPU: no CUDA graphs")
+    p.add_argument("--graph-copies", type=int, default=1, help="GPU: decode graphs per batch size")
     p.add_argument("--repeats", type=int, default=3, help="M1: timed repetitions (best is reported)")
     p.add_argument("--grammar-backend", default=None, help="G1: llguidance, xgrammar or outlines")
     p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
