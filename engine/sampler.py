@@ -3,9 +3,9 @@ then greedy or temperature / top-k / top-p / min-p sampling, and logprobs."""
 
 from __future__ import annotations
 
-import os
 import random
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
+from typing import NamedTuple
 
 import torch
 
@@ -21,7 +21,6 @@ class Sampler:
         eos_token_ids: set[int],
         device: torch.device,
         seed: int,
-        mask_threads: int | None = None,  # threads filling grammar masks; None: one per spare core, <= 8
     ) -> None:
         self.vocab_size = vocab_size
         self.eos_token_ids = sorted(eos_token_ids)
@@ -30,11 +29,11 @@ class Sampler:
         self._seeds = random.Random(seed)  # per-step seeds of the fused sampler (drawn on the host: no sync)
         self._temps_key: tuple[float, ...] | None = None  # the fused sampler's last (batch,) temperatures
         self._temps: torch.Tensor | None = None
-        self._bitmask: torch.Tensor | None = None
-        workers = min(8, (os.cpu_count() or 1) - 1) if mask_threads is None else mask_threads
-        self._fill_pool = ThreadPoolExecutor(workers, "chatloom-mask") if workers > 1 else None
+        self._bitmask: torch.Tensor | None = None  # (rows, words) int32, pinned on CUDA, reused
 
     def _bitmask_for(self, rows: int) -> torch.Tensor:
+        # reused every step: the previous step's upload from it was waited for (its sampled tokens
+        # were read back) before the host fills it again
         words = (self.vocab_size + 31) // 32
         if self._bitmask is None or self._bitmask.shape[0] < rows:
             self._bitmask = torch.empty(
@@ -43,8 +42,12 @@ class Sampler:
         return self._bitmask[:rows]
 
     def process(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """Per-sequence logit changes, in place where possible. logits: (batch, vocab) float32."""
+        """Per-sequence logit changes, in place where possible. logits: (batch, vocab) float32.
+        Rows of finished sequences (their token will be dropped) are left alone."""
+        fills: dict[object, list] = {}  # batch filler (None: row by row) -> [(constraint, row, budget)]
         for i, seq in enumerate(seqs):
+            if seq.is_finished:
+                continue
             p = seq.params
             if p.logit_bias:
                 ids = host_to_device(list(p.logit_bias), torch.long, logits.device)
@@ -54,20 +57,21 @@ class Sampler:
             if p.min_tokens and seq.num_output_tokens < p.min_tokens:
                 banned = self.eos_token_ids + list(p.stop_token_ids)
                 if banned:
-                    logits[i, banned] = float("-inf")
+                    logits[i, host_to_device(banned, torch.long, logits.device)] = float("-inf")
             for proc in p.logits_processors:
                 logits[i] = proc(seq.output_token_ids, logits[i])
-        constrained = [i for i, s in enumerate(seqs) if s.constraint is not None]
-        if constrained:
+            c = seq.constraint
+            if c is not None:
+                fills.setdefault(getattr(c, "fill_bitmasks", None), []).append((c, i, _remaining_tokens(seq)))
+        if fills:
             bitmask = self._bitmask_for(len(seqs))
-            bitmask[:].fill_(-1)
-            fills = [(seqs[i].constraint, i, _remaining_tokens(seqs[i])) for i in constrained]
-            if len(fills) > 1 and self._fill_pool is not None:
-                # rows are independent; the matchers release the GIL while they walk the vocabulary
-                list(self._fill_pool.map(lambda f: f[0].fill_bitmask(bitmask, f[1], f[2]), fills))
-            else:
-                for constraint, row, budget in fills:
-                    constraint.fill_bitmask(bitmask, row, budget)
+            bitmask.fill_(-1)
+            for fill, rows in fills.items():
+                if fill is not None:
+                    fill(bitmask, rows)  # the whole group at once (e.g. in parallel, without the GIL)
+                else:
+                    for constraint, row, budget in rows:
+                        constraint.fill_bitmask(bitmask, row, budget)
             ops.apply_token_bitmask_(logits, bitmask.to(logits.device, non_blocking=True))
         return logits
 
@@ -113,14 +117,18 @@ def _remaining_tokens(seq: Sequence) -> int:
 
 
 def _apply_penalties(row: torch.Tensor, seq: Sequence, p) -> None:
+    # ids and counts are made on the host and uploaded through pinned memory: nothing here waits
+    # for the device
     out = seq.output_token_ids
     if p.repetition_penalty != 1.0:
         seen = host_to_device(sorted(set(seq.token_ids)), torch.long, row.device)
         vals = row[seen]
         row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
     if out and (p.frequency_penalty or p.presence_penalty):
-        ids, counts = host_to_device(out, torch.long, row.device).unique(return_counts=True)
-        row[ids] -= p.frequency_penalty * counts.to(row.dtype) + p.presence_penalty
+        counts = Counter(out)
+        ids = host_to_device(list(counts), torch.long, row.device)
+        n = host_to_device(list(counts.values()), row.dtype, row.device)
+        row[ids] -= p.frequency_penalty * n + p.presence_penalty
 
 
 def _filter(probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -145,21 +153,40 @@ def _filter(probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     return probs
 
 
+class LogprobTensors(NamedTuple):
+    chosen: torch.Tensor  # (batch,) logprob of each sampled token
+    top_ids: torch.Tensor  # (batch, k) ids of the k most likely tokens, k = the largest asked
+    top_vals: torch.Tensor  # (batch, k) their logprobs, descending
+
+
+def logprob_tensors(
+    logits: torch.Tensor, token_ids: torch.Tensor, top: list[int | None]
+) -> LogprobTensors | None:
+    """Logprobs under the model's distribution (raw logits), left on the logits' device (no sync);
+    None when no row asks for them."""
+    if all(t is None for t in top):
+        return None
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = lp.gather(1, token_ids.view(-1, 1)).squeeze(1)
+    vals, ids = lp.topk(max(t or 0 for t in top), dim=-1)
+    return LogprobTensors(chosen, ids, vals)
+
+
+def logprob_rows(
+    t: LogprobTensors, top: list[int | None]
+) -> list[tuple[float, list[tuple[int, float]]] | None]:
+    """Per row: (chosen logprob, [(id, logprob)] of its top-k), or None where not asked."""
+    chosen = t.chosen.tolist()
+    ids, vals = t.top_ids.tolist(), t.top_vals.tolist()
+    return [
+        None if k is None else (chosen[i], list(zip(ids[i][:k], vals[i][:k], strict=True)))
+        for i, k in enumerate(top)
+    ]
+
+
 def compute_logprobs(
     logits: torch.Tensor, token_ids: torch.Tensor, top: list[int | None]
 ) -> list[tuple[float, list[tuple[int, float]]] | None]:
     """Logprob of each chosen token under the model's distribution (raw logits), and its top-k."""
-    if all(t is None for t in top):
-        return [None] * len(top)
-    lp = torch.log_softmax(logits.float(), dim=-1)
-    chosen = lp.gather(1, token_ids.view(-1, 1)).squeeze(1).tolist()
-    k = max(t or 0 for t in top)
-    top_vals, top_ids = lp.topk(k, dim=-1) if k else (None, None)
-    result: list = []
-    for i, t in enumerate(top):
-        if t is None:
-            result.append(None)
-            continue
-        pairs = list(zip(top_ids[i, :t].tolist(), top_vals[i, :t].tolist(), strict=True)) if t else []
-        result.append((chosen[i], pairs))
-    return result
+    t = logprob_tensors(logits, token_ids, top)
+    return [None] * len(top) if t is None else logprob_rows(t, top)

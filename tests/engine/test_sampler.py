@@ -213,9 +213,8 @@ class _OneToken:
         return False
 
 
-@pytest.mark.parametrize("threads", [0, 4])
-def test_grammar_masks_filled_per_row(threads):
-    s = Sampler(VOCAB, {EOS}, torch.device("cpu"), seed=0, mask_threads=threads)
+def test_grammar_masks_filled_per_row():
+    s = sampler()
     seqs = []
     for i in range(6):
         seq = make_seq(SamplingParams(temperature=0.0, max_tokens=10 + i), output=(2,) * i)
@@ -227,3 +226,43 @@ def test_grammar_masks_filled_per_row(threads):
     assert tokens == [0, 1, 2, 3, 4, 5]
     # each row's remaining budget: max_tokens minus the tokens it already generated
     assert [seq.constraint.budgets for i, seq in enumerate(seqs) if i != 3] == [[10], [10], [10], [10], [10]]
+
+
+class _Batched(_OneToken):
+    """A constraint kind that fills its rows in one call (fill_bitmasks), recording each call."""
+
+    calls: list[list[int]] = []
+
+    @staticmethod
+    def fill_bitmasks(bitmask: torch.Tensor, rows: list) -> None:
+        _Batched.calls.append([row for _, row, _ in rows])
+        for c, row, remaining in rows:
+            c.fill_bitmask(bitmask, row, remaining)
+
+
+def test_batch_fillers_get_their_rows_in_one_call_and_finished_rows_are_skipped():
+    from engine.sequence import SequenceStatus
+
+    _Batched.calls = []
+    s = sampler()
+    seqs = []
+    for i in range(6):
+        seq = make_seq(SamplingParams(temperature=0.0, max_tokens=10))
+        seq.constraint = _Batched(i) if i % 2 == 0 else _OneToken(i)
+        seqs.append(seq)
+    seqs[4].status = SequenceStatus.FINISHED  # stopped after it was scheduled: its row is not filled
+    tokens = s.sample(s.process(row(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 5.0).repeat(6, 1), seqs), seqs)
+    assert _Batched.calls == [[0, 2]]
+    assert seqs[4].constraint.budgets == []
+    assert tokens.tolist()[:4] + tokens.tolist()[5:] == [0, 1, 2, 3, 5]
+
+
+def test_logprob_tensors_stay_tensors_until_read():
+    from engine.sampler import logprob_rows, logprob_tensors
+
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0], [0.0, 0.0, 5.0, 1.0]])
+    t = logprob_tensors(logits, torch.tensor([1, 3]), [1, None])
+    assert t.top_ids.shape == (2, 1) and isinstance(t.chosen, torch.Tensor)
+    rows = logprob_rows(t, [1, None])
+    assert rows[0][1][0][0] == 1 and rows[1] is None
+    assert logprob_tensors(logits, torch.tensor([1, 3]), [None, None]) is None
