@@ -17,7 +17,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.model_runner import ModelRunner
 from engine.models.loader import build_model, load_hf_config
 from engine.outputs import StepOutput, TokenLogprob
-from engine.sampler import Sampler, compute_logprobs
+from engine.sampler import LogprobTensors, Sampler, logprob_rows, logprob_tensors
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import PENDING, Sequence
@@ -30,11 +30,12 @@ class _InFlight:
     """A launched step whose sampled tokens may still be on the device."""
 
     seqs: list[Sequence]
-    positions: list[int]  # where each sequence's placeholder sits in its token_ids
+    positions: list[int]  # where each sequence's placeholder sits in its token_ids (-1: row dropped)
     token_ids: torch.Tensor  # (rows,) sampled ids on the device
     host_ids: torch.Tensor  # (rows,) the same ids on the host (pinned; valid once event fired)
     event: object | None
-    logprobs: list | None
+    logprobs: LogprobTensors | None  # on the host, valid once event fired
+    top: list[int | None]  # top logprobs asked per row
 
 
 class EngineCore:
@@ -85,7 +86,6 @@ class EngineCore:
         overlap = config.async_scheduling
         self.overlap = self.device.type == "cuda" if overlap is None else overlap
         self._inflight: _InFlight | None = None
-        self._num_sync_requests = 0  # unfinished sequences that need every token on the host
         self.startup_seconds = time.perf_counter() - t0
         log.info(
             "engine ready in %.1fs: %s on %s (%s)",
@@ -146,8 +146,6 @@ class EngineCore:
                 seq.generator = torch.Generator(device=self.device).manual_seed(params.seed + i)
             seqs.append(seq)
             self.scheduler.add(seq)
-            if params.needs_host_tokens:
-                self._num_sync_requests += 1
         self.requests[request_id] = seqs
         return seqs
 
@@ -156,8 +154,6 @@ class EngineCore:
         for seq in self.requests.pop(request_id, []):
             if not seq.is_finished:
                 self.scheduler.finish(seq)
-                if seq.params.needs_host_tokens:
-                    self._num_sync_requests -= 1
                 seq.finish_reason = "abort"
                 while seq.token_ids[-1] == PENDING:  # tokens still in flight are dropped
                     seq.token_ids.pop()
@@ -195,46 +191,52 @@ class EngineCore:
     # ---- the step ---------------------------------------------------------------------------
     @torch.inference_mode()  # the runner's logits are inference tensors: the sampler edits them in place
     def step(self) -> list[StepOutput]:
-        """One engine step. On CUDA the step's sampled tokens stay on the device and are read back
-        during the next step (the GPU runs step N while the host finishes step N-1); requests that
-        need every token on the host before the next forward (grammars, penalties, processors,
-        logprobs) make the step synchronous."""
+        """One engine step. With overlap (the CUDA default) the step's sampled tokens stay on the
+        device and are read back during the next step: the GPU runs the forward of step N while the
+        host finishes step N-1. Rows that need the previous token on the host before they sample
+        (grammars, penalties, logits processors) get it while this step's forward runs; then the
+        host fills their masks and launches the sampling."""
         outputs: list[StepOutput] = []
-        sync = not self.overlap or self._num_sync_requests > 0
-        if sync and self._inflight is not None:
-            outputs += self._finish(self._inflight)
-            self._inflight = None
+        prev, self._inflight = self._inflight, None
         batch = self.scheduler.schedule()
         if not batch:
-            if self._inflight is not None:
-                outputs += self._finish(self._inflight)
-                self._inflight = None
+            if prev is not None:
+                outputs += self._finish(prev)
             return outputs
         self.num_steps += 1
         for seq in batch.seqs:
             if seq.constraint is None and seq.params.constraint is not None:
                 seq.constraint = seq.params.constraint.new()
-        prev = self._inflight
         logits, sampling = self.runner.execute(batch, prev.token_ids if prev is not None else None)
-        launched = self._sample(logits, [batch.seqs[i] for i in sampling]) if logits is not None else None
+        seqs = [batch.seqs[i] for i in sampling]
+        # sampling waits for the previous tokens only when a row reads them on the host
+        late = prev is not None and any(s.params.needs_host_tokens for s in seqs)
+        launched = self._sample(logits, seqs) if logits is not None and not late else None
         if prev is not None:
             outputs += self._finish(prev)  # waits only for the previous step's tokens
-            self._inflight = None
+        if logits is not None and late:
+            launched = self._sample(logits, seqs)
         self.scheduler.after_step(batch)
         if launched is not None:
-            if sync:
-                outputs += self._finish(launched)
-            else:
+            if self.overlap:
                 self._inflight = launched
+            else:
+                outputs += self._finish(launched)
         return outputs
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> _InFlight:
-        raw = logits.clone() if any(s.params.logprobs is not None for s in seqs) else None
+        """Launch sampling for the rows of logits (one per sequence). A sequence that stopped since
+        it was scheduled keeps its row, but nothing of it is read and its token is dropped."""
+        top = [None if s.is_finished else s.params.logprobs for s in seqs]
+        raw = logits.clone() if any(t is not None for t in top) else None
         logits = self.sampler.process(logits, seqs)
         token_ids = self.sampler.sample(logits, seqs)
-        lps = compute_logprobs(raw, token_ids, [s.params.logprobs for s in seqs]) if raw is not None else None
+        lps = logprob_tensors(raw, token_ids, top) if raw is not None else None
         positions = []
         for row, seq in enumerate(seqs):
+            if seq.is_finished:
+                positions.append(-1)
+                continue
             positions.append(seq.num_tokens)
             seq.append_token(PENDING)
             seq.pending_row = row
@@ -246,15 +248,17 @@ class EngineCore:
         host = token_ids
         event = None
         if token_ids.device.type == "cuda":
-            host = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
-            host.copy_(token_ids, non_blocking=True)
+            host = _to_host(token_ids)
+            if lps is not None:
+                lps = LogprobTensors(*(_to_host(t) for t in lps))
             event = torch.cuda.Event()
             event.record()
-        return _InFlight(seqs, positions, token_ids, host, event, lps)
+        return _InFlight(seqs, positions, token_ids, host, event, lps, top)
 
     def _finish(self, inflight: _InFlight) -> list[StepOutput]:
         if inflight.event is not None:
             inflight.event.synchronize()
+        lps = logprob_rows(inflight.logprobs, inflight.top) if inflight.logprobs is not None else None
         outputs = []
         for i, (seq, pos, tok) in enumerate(
             zip(inflight.seqs, inflight.positions, inflight.host_ids.tolist(), strict=True)
@@ -263,8 +267,8 @@ class EngineCore:
                 continue
             seq.token_ids[pos] = tok
             lp = None
-            if inflight.logprobs is not None and inflight.logprobs[i] is not None:
-                lp = TokenLogprob(tok, inflight.logprobs[i][0], inflight.logprobs[i][1])
+            if lps is not None and lps[i] is not None:
+                lp = TokenLogprob(tok, lps[i][0], lps[i][1])
                 seq.logprobs.append(lp)
             outputs.append(self._accept(seq, pos, tok, lp))
         return outputs
@@ -296,8 +300,6 @@ class EngineCore:
             del seq.token_ids[pos + 1 :]  # a token sampled after the stop is dropped
             seq.finish_reason = reason
             self.scheduler.finish(seq)
-            if seq.params.needs_host_tokens:
-                self._num_sync_requests -= 1
             if all(s.is_finished for s in self.requests.get(seq.request_id, [])):
                 self.requests.pop(seq.request_id, None)
         return self._output(seq, [tok], lp, seq.detok.delta(reason is not None))
@@ -314,6 +316,13 @@ class EngineCore:
             cached_tokens=seq.num_cached_tokens,
             stop_reason=seq.stop_reason,
         )
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """A pinned host copy of a device tensor, queued on the stream (valid once an event after it fires)."""
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
 
 
 def _eos_ids(hf_config, tokenizer, model_path: str) -> set[int]:

@@ -13,6 +13,10 @@ class TokenConstraint(Protocol):
     The engine calls fill_bitmask for every sequence of a step into one shared bitmask
     (int32, (batch, ceil(vocab / 32)); bit set = token allowed), applies it to the logits,
     samples, then calls accept_token with the chosen id.
+
+    A constraint may also have `fill_bitmasks(bitmask, [(constraint, row, remaining_tokens), ...])`,
+    one callable shared by its kind: the engine then fills all rows of that kind in one call (which
+    may run them in parallel, without the GIL) instead of calling fill_bitmask per row.
     """
 
     def fill_bitmask(self, bitmask: Any, row: int, remaining_tokens: int) -> None: ...
@@ -86,13 +90,9 @@ class SamplingParams:
 
     @property
     def needs_host_tokens(self) -> bool:
-        """Whether each sampled token must be on the host before the next forward is launched."""
-        return (
-            self.constraint is not None
-            or self.needs_penalties
-            or bool(self.logits_processors)
-            or self.logprobs is not None
-        )
+        """Whether the host reads a sequence's previous token before it samples the next one
+        (grammar masks, penalties, logits processors); the forward never waits for it."""
+        return self.constraint is not None or self.needs_penalties or bool(self.logits_processors)
 
     @property
     def needs_penalties(self) -> bool:

@@ -1,5 +1,7 @@
 """The overlapped step (tokens read back one step late) gives exactly the synchronous results:
-greedy tokens, stop strings, EOS, max_tokens, n > 1, preemption, abort, and block accounting."""
+greedy tokens, stop strings, EOS, max_tokens, n > 1, preemption, abort, and block accounting; and
+so do requests whose rows read their previous token on the host before sampling (constraints,
+penalties, logits processors), which stay overlapped: the forward never waits for their tokens."""
 
 from __future__ import annotations
 
@@ -29,6 +31,10 @@ def run_both(pair, ps, params):
             assert ox.token_ids == oy.token_ids
             assert ox.text == oy.text
             assert ox.finish_reason == oy.finish_reason
+            assert (ox.logprobs is None) == (oy.logprobs is None)
+            for lx, ly in zip(ox.logprobs or [], oy.logprobs or [], strict=True):
+                assert lx.token_id == ly.token_id and lx.logprob == pytest.approx(ly.logprob, abs=1e-5)
+                assert [t for t, _ in lx.top] == [t for t, _ in ly.top]
     for llm in pair:
         stats = llm.stats()
         assert stats["free_blocks"] == stats["total_blocks"]
@@ -91,4 +97,136 @@ def test_abort_in_flight(pair):
         for out in core.step():
             assert out.request_id == "b"
     stats = overlap.stats()
+    assert stats["free_blocks"] == stats["total_blocks"]
+
+
+# ---- rows that read their previous token on the host -------------------------------------------
+def _bit(t: int) -> int:
+    v = 1 << (t % 32)
+    return v - (1 << 32) if v >= 1 << 31 else v  # bit 31 of an int32 word is its sign
+
+
+class _Chain:
+    """A grammar stand-in: its allowed tokens follow from the previous accepted token, so a mask
+    filled before that token reached the host would differ. EOS only after `length` tokens."""
+
+    def __init__(self, first: int, length: int, eos: int) -> None:
+        self.first, self.length, self.eos = first, length, eos
+        self.seen: list[int] = []
+        self.done = False
+
+    def allowed(self) -> list[int]:
+        if len(self.seen) >= self.length:
+            return [self.eos]
+        base = self.seen[-1] if self.seen else self.first
+        return [100 + (base * 31 + 1009 * k) % 5000 for k in range(4)]
+
+    def fill_bitmask(self, bitmask, row: int, remaining_tokens: int) -> None:
+        assert not self.done, "the row of a finished sequence was filled"
+        bitmask[row].zero_()
+        for t in self.allowed():
+            bitmask[row, t // 32] |= _bit(t)
+
+    def accept_token(self, token_id: int) -> bool:
+        assert not self.done and token_id in self.allowed()
+        self.seen.append(token_id)
+        self.done = token_id == self.eos
+        return True
+
+    def is_terminated(self) -> bool:
+        return self.done
+
+
+class _BatchedChain(_Chain):
+    @staticmethod
+    def fill_bitmasks(bitmask, rows: list) -> None:
+        for c, row, remaining in rows:
+            c.fill_bitmask(bitmask, row, remaining)
+
+
+class _ChainFactory:
+    def __init__(self, kind: type[_Chain], first: int, length: int, eos: int) -> None:
+        self.kind, self.first, self.length, self.eos = kind, first, length, eos
+
+    def ready(self) -> bool:
+        return True
+
+    def new(self) -> _Chain:
+        return self.kind(self.first, self.length, self.eos)
+
+
+def _chain_params(core, count: int, **kw) -> list[SamplingParams]:
+    eos = min(core.eos_token_ids)
+    # lengths 3..31 against max_tokens 24: some stop on EOS mid-batch, some run out of tokens
+    return [
+        SamplingParams(
+            max_tokens=24,
+            constraint=_ChainFactory(_BatchedChain if i % 2 else _Chain, i, 3 + 4 * i, eos),
+            **kw,
+        )
+        for i in range(count)
+    ]
+
+
+def test_constrained_greedy(pair):
+    ps = prompts(8)
+    outs = run_both(pair, ps, _chain_params(pair[0].core, len(ps), temperature=0))
+    assert {o.finish_reason for o in outs} == {"stop", "length"}
+
+
+def test_constrained_seeded_sampling_n2(pair):
+    ps = prompts(6)
+    run_both(pair, ps, _chain_params(pair[0].core, len(ps), temperature=1.0, seed=7, n=2))
+
+
+def test_seeded_penalties_processors_logprobs(pair):
+    def nudge(ids, logits):  # reads the previous token: makes its successor (nearly) certain
+        logits = logits.clone()
+        logits[(ids[-1] + 1) % 1000 if ids else 0] += 30.0
+        return logits
+
+    ps = prompts(6)
+    params = [
+        SamplingParams(
+            temperature=0.9,
+            seed=5 + i,
+            n=2,
+            repetition_penalty=1.3,
+            frequency_penalty=0.5,
+            presence_penalty=0.3,
+            logprobs=2,
+            logits_processors=[nudge] if i % 2 else [],
+            max_tokens=6 + 3 * i,
+            ignore_eos=True,
+        )
+        for i in range(len(ps))
+    ]
+    outs = run_both(pair, ps, params)
+    assert all(len(c.logprobs) == len(c.token_ids) for o in outs for c in o.outputs)
+
+
+def test_stop_strings_with_penalties(pair):
+    ps = prompts()
+    free = pair[0].generate(ps, SamplingParams(temperature=0, max_tokens=20, repetition_penalty=1.2))
+    params = []
+    for i, o in enumerate(free):
+        stop = [o.text[len(o.text) // 2 :][:3]] if i % 2 else []
+        params.append(SamplingParams(temperature=0, max_tokens=20, repetition_penalty=1.2, stop=stop))
+    outs = run_both(pair, ps, params)
+    assert sum(o.finish_reason == "stop" for o in outs) >= len(ps) // 3
+
+
+def test_host_token_rows_keep_steps_overlapped(pair):
+    core = pair[1].core
+    for i, p in enumerate(_chain_params(core, 4, temperature=0)):
+        core.add_request(f"c{i}", prompts(4)[i], p)
+    core.add_request(
+        "pen", prompts(5)[4], SamplingParams(max_tokens=8, frequency_penalty=1.0, ignore_eos=True)
+    )
+    overlapped = 0
+    while core.has_unfinished():
+        core.step()
+        overlapped += core._inflight is not None
+    assert overlapped >= 8  # every step but the last leaves its tokens in flight
+    stats = pair[1].stats()
     assert stats["free_blocks"] == stats["total_blocks"]
