@@ -31,6 +31,7 @@ LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16)  # token byte-length classes
 END = 1  # the byte standing for EOS in the budget DFA (regex + END): only the END state is final
 START = 0  # a byte read before the regex (no grammar contains it): see _byte_dfa
 INF = np.int32(1 << 20)
+_HELPER_DIST_STATES = 4096  # cached rows of BudgetAutomaton.helper_dist (H int32 each)
 _PUNCT = set(b'{}[]",: \n0123456789-.')
 _LITERAL_EXTRAS = ['", "', '": "', '": ', '"}', '"}}', "}}", '"]', "]}", "[]", "{}", "true", "false", "null"]
 
@@ -41,12 +42,12 @@ class _VocabTables:
     def __init__(self, vocab: TokenVocab):
         lens = vocab.byte_lengths
         w = vocab.mask_words
-        self.class_masks = torch.zeros(len(LENGTHS), w, dtype=torch.int32)  # (classes, words)
+        self.class_masks = np.zeros((len(LENGTHS), w), dtype=np.uint32)  # (classes, words) bitmasks
         for c, k in enumerate(LENGTHS):
             bits = np.zeros(w * 32, dtype=bool)
             bits[: vocab.n_tokens] = (lens >= 1) & (lens <= k)
             bits[vocab.eos_id] = True
-            self.class_masks[c] = bools_to_bitmask(bits)
+            self.class_masks[c] = bools_to_bitmask(bits).numpy().view(np.uint32)
         # the byte-level token of each byte value (the tag tokens carry \x02 and \x03, EOS is END)
         self.byte_token = np.full(256, -1, dtype=np.int64)
         self.byte_token[END] = vocab.eos_id
@@ -172,6 +173,17 @@ class BudgetAutomaton:
         self.worst = np.stack(js)  # (classes, n+1)
         self.max_dist = int(dist[live].max())  # bounds D after any token, however long
         self.min_tokens = int(dist[self.start])
+        self._helper_dist: dict[int, np.ndarray] = {}
+
+    def helper_dist(self, state: int) -> np.ndarray:
+        """(H,) D after each helper token from one state; cached per state (a request near its
+        limit asks for the same few states every step; all requests share the cache)."""
+        hit = self._helper_dist.get(state)
+        if hit is None:
+            hit = self.dist[self.helper_next(state)]
+            if len(self._helper_dist) < _HELPER_DIST_STATES:
+                self._helper_dist[state] = hit
+        return hit
 
     def helper_next(self, state: int) -> np.ndarray:
         """(H,) next state of every helper token from one state (dead = n_states)."""
@@ -202,13 +214,17 @@ class BudgetCursor:
         self.state = auto.start
         self.history: list[int] = []
 
-    def advance(self, token_id: int) -> None:
-        self.history.append(self.state)
+    def next_state(self, token_id: int) -> int:
+        """The state after a token (n_states: dead, the token is outside the grammar)."""
         table = self.auto.trans
         s = self.state
         for b in self.auto.token_bytes(token_id):
             s = int(table[s, b])
-        self.state = s
+        return s
+
+    def advance(self, token_id: int) -> None:
+        self.history.append(self.state)
+        self.state = self.next_state(token_id)
 
     def rollback(self, n: int) -> None:
         for _ in range(n):
@@ -223,48 +239,44 @@ class BudgetCursor:
         return remaining - 1 >= self.auto.max_dist
 
     def restrict(self, bitmask_row: torch.Tensor, remaining: int, nearest: bool = False) -> bool:
-        """AND the budget mask into one bitmask row (mask_words,) int32; False if unrestricted.
+        """AND the budget mask into one bitmask row (mask_words,) int32 (CPU); False if unrestricted.
 
         nearest: instead, keep only the helper tokens (and EOS) whose next state has the smallest D
         among those the row allows (the fallback when the budget and the grammar disagree)."""
         auto = self.auto
+        row = bitmask_row.numpy().view(np.uint32)  # the tensor's memory, edited in place
         if nearest:
-            return self._nearest(bitmask_row)
+            return self._nearest(row)
         slack = remaining - 1  # D allowed after this token
         if slack >= auto.max_dist:
             return False
-        s = self.state
-        words = bitmask_row.shape[0]
-        worst = auto.worst[:, s]
-        fits = np.nonzero(worst <= slack)[0]
+        words = row.shape[0]
+        fits = np.nonzero(auto.worst[:, self.state] <= slack)[0]
         if len(fits):
-            allowed = auto.tables.class_masks[int(fits[-1]), :words].clone()
+            allowed = auto.tables.class_masks[int(fits[-1]), :words].copy()
         else:
-            allowed = torch.zeros(words, dtype=torch.int32)
+            allowed = np.zeros(words, dtype=np.uint32)
             eos = auto.vocab.eos_id
-            allowed[eos // 32] = _bit(eos % 32)
-        nxt = auto.helper_next(s)
-        ok = auto.helper_ids[auto.dist[nxt] <= slack]
+            allowed[eos // 32] = np.uint32(1) << np.uint32(eos % 32)
+        ok = auto.helper_ids[auto.helper_dist(self.state) <= slack]
         if len(ok):
-            extra = np.zeros(words, dtype=np.uint32)
-            np.bitwise_or.at(extra, ok // 32, (np.uint32(1) << (ok % 32).astype(np.uint32)))
-            allowed |= torch.from_numpy(extra.view(np.int32))
-        bitmask_row &= allowed
+            np.bitwise_or.at(allowed, ok // 32, np.uint32(1) << (ok % 32).astype(np.uint32))
+        row &= allowed
         return True
 
-    def _nearest(self, bitmask_row: torch.Tensor) -> bool:
+    def _nearest(self, row: np.ndarray) -> bool:
+        # row: (words,) uint32 view of the bitmask row
         auto = self.auto
         ids = auto.helper_ids
-        words = bitmask_row.numpy().view(np.uint32)
-        in_row = (words[ids // 32] >> (ids % 32).astype(np.uint32)) & 1
+        in_row = (row[ids // 32] >> (ids % 32).astype(np.uint32)) & 1
         cand = ids[in_row.astype(bool)]
         if not len(cand):
             return False  # keep the grammar's row as it is
-        d = auto.dist[auto.helper_next(self.state)[np.searchsorted(ids, cand)]]
+        d = auto.helper_dist(self.state)[np.searchsorted(ids, cand)]
         best = cand[d == d.min()]
-        keep = np.zeros_like(words)
+        keep = np.zeros_like(row)
         np.bitwise_or.at(keep, best // 32, np.uint32(1) << (best % 32).astype(np.uint32))
-        bitmask_row &= torch.from_numpy(keep.view(np.int32))
+        row &= keep
         return True
 
 

@@ -20,8 +20,9 @@ from grammar.vocab import TokenVocab
 
 
 class GrammarCompiler:
-    def __init__(self, vocab: TokenVocab, backend: str = DEFAULT_BACKEND, max_workers: int = 2,
-                 max_entries: int = 64):
+    def __init__(
+        self, vocab: TokenVocab, backend: str = DEFAULT_BACKEND, max_workers: int = 2, max_entries: int = 64
+    ):
         self.vocab = vocab
         self.backend = get_backend(backend, vocab)
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grammar-compile")
@@ -50,7 +51,8 @@ class GrammarCompiler:
                     self._cache.popitem(last=False)
             else:
                 self._cache.move_to_end(key)
-        return GrammarConstraintFactory(hit[0], hit[1], self.vocab, spec.mode)
+        exact = spec.regex == spec.budget_regex
+        return GrammarConstraintFactory(hit[0], hit[1], self.vocab, spec.mode, exact)
 
 
 _compilers: dict[tuple[int, str], tuple[TokenVocab, GrammarCompiler]] = {}

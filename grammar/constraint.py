@@ -8,19 +8,30 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
+import numpy as np
 import torch
 
 from grammar.backend import CompiledGrammar, GrammarMatcher
 from grammar.budget import BudgetAutomaton, BudgetCursor
+from grammar.mask_cache import mask_cache
 from grammar.vocab import TokenVocab
 
 
 class GrammarConstraint:
-    """engine.sampling_params.TokenConstraint over one grammar."""
+    """engine.sampling_params.TokenConstraint over one grammar.
 
-    __slots__ = ("matcher", "cursor", "vocab", "words", "done", "restricted_steps", "fallbacks")
+    With a mask cache (`grammar` set: the budget DFA is exact for it, see mask_cache.py) a row is
+    copied from the cache when another request (or step) already computed it for the same DFA state;
+    the matcher is then only needed on a miss, so accepted tokens wait in `pending` and the matcher
+    takes them all at once before its next mask."""
 
-    def __init__(self, matcher: GrammarMatcher, cursor: BudgetCursor, vocab: TokenVocab):
+    __slots__ = (
+        "matcher", "cursor", "vocab", "words", "done", "restricted_steps", "fallbacks", "grammar", "pending",
+    )  # fmt: skip
+
+    def __init__(
+        self, matcher: GrammarMatcher, cursor: BudgetCursor, vocab: TokenVocab, grammar: object = None
+    ):
         self.matcher = matcher
         self.cursor = cursor
         self.vocab = vocab
@@ -28,14 +39,120 @@ class GrammarConstraint:
         self.done = False
         self.restricted_steps = 0  # steps where the budget narrowed the mask (for tests and stats)
         self.fallbacks = 0  # steps where budget and grammar masks did not intersect (see fill_bitmask)
+        self.grammar = grammar  # the compiled grammar whose rows are cached by DFA state; None: no cache
+        self.pending: list[int] = []  # tokens the cursor took and the matcher not yet (cache only)
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, remaining_tokens: int) -> None:
         # bitmask: (batch, >= words) int32 on the CPU; words past our vocabulary stay disallowed
         line = bitmask[row]
-        own = line[: self.words]
         if line.shape[0] > self.words:
             line[self.words :] = 0
-        self.matcher.fill_mask(own)
+        own = line[: self.words]
+        if not self._from_cache(own):
+            self._sync()
+            self.matcher.fill_mask(own)
+            self._store(own)
+        self._narrow(own, remaining_tokens)
+
+    @staticmethod
+    def fill_bitmasks(bitmask: torch.Tensor, rows: list[tuple[GrammarConstraint, int, int]]) -> None:
+        """fill_bitmask for many rows of one (batch, words) bitmask: cached rows are copied, each
+        backend computes the others in one call where it can (llguidance: in parallel, without the
+        GIL), then the budget narrows the rows that are near their limit."""
+        batched: dict[object, list] = {}  # backend batch fill -> [(constraint, row)]
+        first: dict[tuple[int, int], tuple] = {}  # (grammar, state) -> (constraint, row) computing it
+        copies = []  # (constraint, row, source): misses whose state another row of this batch computes
+        narrow = []
+        for c, row, remaining in rows:
+            fill = getattr(c.matcher, "fill_masks", None) if bitmask.shape[1] == c.words else None
+            if fill is None:
+                c.fill_bitmask(bitmask, row, remaining)
+                continue
+            if not c._from_cache(bitmask[row]):
+                key = (id(c.grammar), c.cursor.state) if c.grammar is not None else None
+                if key in first:
+                    copies.append((c, row, first[key]))
+                else:
+                    if key is not None:
+                        first[key] = (c, row)
+                    c._sync()
+                    batched.setdefault(fill, []).append((c, row))
+            if not c.cursor.unrestricted(remaining):
+                narrow.append((c, row, remaining))
+        for fill, items in batched.items():
+            fill(bitmask, [(c.matcher, row) for c, row in items])
+            for c, row in items:
+                c._store(bitmask[row])
+        for c, row, (src, src_row) in copies:
+            if src._failed():  # its row ends that request: compute this one on its own
+                c._sync()
+                c.matcher.fill_mask(bitmask[row])
+            else:
+                bitmask[row].copy_(bitmask[src_row])
+        for c, row, remaining in narrow:
+            c._narrow(bitmask[row], remaining)
+
+    def _from_cache(self, own: torch.Tensor) -> bool:
+        if self.grammar is None:
+            return False
+        hit = mask_cache().get(self.grammar, self.cursor.state)
+        if hit is None:
+            return False
+        np.copyto(own.numpy().view(np.uint32), hit)
+        return True
+
+    def _store(self, own: torch.Tensor) -> None:
+        if self.grammar is not None and not self._failed():
+            mask_cache().put(self.grammar, self.cursor.state, own.numpy().view(np.uint32))
+
+    def _failed(self) -> bool:
+        failed = getattr(self.matcher, "is_error", None)
+        return failed is not None and failed()
+
+    def _sync(self) -> None:
+        # the matcher catches up with the cursor (one call for all waiting tokens where it can)
+        if not self.pending:
+            return
+        tokens, self.pending = self.pending, []
+        many = getattr(self.matcher, "accept_tokens", None)
+        if many is not None:
+            many(tokens)
+            return
+        for t in tokens:
+            if not self.matcher.accept_token(t):
+                return
+
+    def accept_token(self, token_id: int) -> bool:
+        if self.done:
+            return False
+        if self.grammar is None:
+            if not self.matcher.accept_token(token_id):
+                return False
+        elif self.cursor.next_state(token_id) == self.cursor.auto.n_states:
+            return False  # outside the grammar (the exact DFA says so without the matcher)
+        else:
+            self.pending.append(token_id)
+        self.cursor.advance(token_id)
+        if token_id == self.vocab.eos_id:
+            self.done = True
+        return True
+
+    def is_terminated(self) -> bool:
+        return self.done
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens <= 0:
+            return
+        waiting = min(num_tokens, len(self.pending))
+        if waiting:
+            del self.pending[-waiting:]
+        if num_tokens > waiting:
+            self.matcher.rollback(num_tokens - waiting)
+        self.cursor.rollback(num_tokens)
+        self.done = False
+
+    def _narrow(self, own: torch.Tensor, remaining_tokens: int) -> None:
+        # own: (words,) the grammar's row; AND the budget into it
         if self.cursor.unrestricted(remaining_tokens):
             return
         grammar_row = own.clone()
@@ -49,24 +166,6 @@ class GrammarConstraint:
                 own.copy_(grammar_row)
                 self.cursor.restrict(own, 1 << 30, nearest=True)
 
-    def accept_token(self, token_id: int) -> bool:
-        if self.done or not self.matcher.accept_token(token_id):
-            return False
-        self.cursor.advance(token_id)
-        if token_id == self.vocab.eos_id:
-            self.done = True
-        return True
-
-    def is_terminated(self) -> bool:
-        return self.done
-
-    def rollback(self, num_tokens: int) -> None:
-        if num_tokens <= 0:
-            return
-        self.matcher.rollback(num_tokens)
-        self.cursor.rollback(num_tokens)
-        self.done = False
-
     @property
     def min_tokens_left(self) -> int:
         """Tokens the shortest completion from here needs (EOS included)."""
@@ -76,11 +175,12 @@ class GrammarConstraint:
 class GrammarConstraintFactory:
     """engine.sampling_params.ConstraintFactory: ready() once both compiles finished."""
 
-    def __init__(self, budget: Future, grammar: Future, vocab: TokenVocab, mode: str):
+    def __init__(self, budget: Future, grammar: Future, vocab: TokenVocab, mode: str, exact: bool = False):
         self._budget = budget  # Future[BudgetAutomaton]
         self._grammar = grammar  # Future[CompiledGrammar]
         self.vocab = vocab
         self.mode = mode
+        self.exact = exact  # the budget DFA compiles the backend's own regex: masks are cached by its state
 
     def ready(self) -> bool:
         return self._budget.done() and self._grammar.done()
@@ -105,4 +205,7 @@ class GrammarConstraintFactory:
 
     def new(self) -> GrammarConstraint:
         # raises the compile error, if any, to the engine (the request fails, others go on)
-        return GrammarConstraint(self.grammar.matcher(), self.budget.cursor(), self.vocab)
+        grammar = self.grammar
+        return GrammarConstraint(
+            grammar.matcher(), self.budget.cursor(), self.vocab, grammar if self.exact else None
+        )
