@@ -28,8 +28,13 @@ def test_required_calls_through_the_engine(llm):
     vocab_size = llm.core.vocab_size
     prompts = [[(7 * i + j) % 5000 for j in range(24)] for i in range(6)]
     for max_tokens in (None, 40, 96):
-        f = build_constraint(llm.tokenizer, tools=tools, tool_choice="required", max_tokens=max_tokens or 512,
-                             vocab_size=vocab_size)
+        f = build_constraint(
+            llm.tokenizer,
+            tools=tools,
+            tool_choice="required",
+            max_tokens=max_tokens or 512,
+            vocab_size=vocab_size,
+        )
         limit = max_tokens or f.min_tokens  # the tightest budget too
         params = SamplingParams(temperature=1.0, max_tokens=limit, constraint=f, seed=3)
         for out in llm.generate(prompts, params):
@@ -44,9 +49,15 @@ def test_required_calls_through_the_engine(llm):
 def test_json_schema_through_the_engine(llm):
     from engine.sampling_params import SamplingParams
 
-    schema = {"type": "object", "properties": {"state": {"type": "string", "maxLength": 8},
-                                               "n": {"type": "integer", "minimum": 0, "maximum": 9}},
-              "required": ["state", "n"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {
+            "state": {"type": "string", "maxLength": 8},
+            "n": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
+        "required": ["state", "n"],
+        "additionalProperties": False,
+    }
     rf = {"type": "json_schema", "json_schema": {"schema": schema}}
     f = build_constraint(llm.tokenizer, response_format=rf, max_tokens=48, vocab_size=llm.core.vocab_size)
     outs = llm.generate([[1, 2, 3, 4]] * 3, SamplingParams(temperature=1.0, max_tokens=48, constraint=f))
@@ -73,8 +84,9 @@ def test_overlapped_steps_equal_synchronous(tiny_qwen3):
     sync = LLM(str(tiny_qwen3), async_scheduling=False, **kw)
     overlap = LLM(str(tiny_qwen3), async_scheduling=True, **kw)
     prompts = [[(11 * i + j) % 5000 for j in range(20 + i)] for i in range(6)]
-    f = build_constraint(sync.tokenizer, tools=tools, tool_choice="required", max_tokens=80,
-                         vocab_size=sync.core.vocab_size)
+    f = build_constraint(
+        sync.tokenizer, tools=tools, tool_choice="required", max_tokens=80, vocab_size=sync.core.vocab_size
+    )
     # greedy, and seeded sampling with lengths from the shortest call up (requests end mid-batch)
     for params in (
         [SamplingParams(temperature=0, max_tokens=f.min_tokens + 4 * i, constraint=f) for i in range(6)],
