@@ -378,19 +378,11 @@ def path_with_weights(llm, folder: Path) -> Path:
 def bench_m1(args) -> dict:
     import torch
 
-    from engine import LLM
-
     turns = m1_turns()
     assert len(turns[-1]) == 3764, "M1 recipe checksum mismatch"
     cuda = torch.cuda.is_available()
     with tempfile.TemporaryDirectory() as tmp:
-        if cuda:
-            path = _checkpoint(QWEN3_06B, 151936, Path(tmp), dummy=True)
-            llm = LLM(path, load_format="dummy", dtype="bfloat16", max_model_len=4096)
-        else:
-            torch.set_num_threads(args.threads)
-            path = _checkpoint({**BENCH_SHAPE}, 151936, Path(tmp), dummy=False)
-            llm = LLM(path, device="cpu", dtype="float32", num_threads=args.threads)
+        llm = _real_vocab_llm(args, Path(tmp))
         one = _params(1, 0.0)
 
         def ttft(prompt) -> float:
@@ -405,18 +397,20 @@ def bench_m1(args) -> dict:
         llm.generate(warmup_prompts(2, 64), one)
         for _ in range(args.repeats):
             ttft(warmup_prompts(1, 3764)[0])  # warm the long-prefill path too
-        warm, cold = [], []
-        for _ in range(args.repeats):
+
+        def replay_turns_1_to_9() -> None:  # each prefilled by a 1-token generation, blocks retained
             llm.reset_prefix_cache()
             for prompt in turns[:-1]:
                 llm.generate([prompt], one)
+
+        warm, cold = [], []
+        for _ in range(args.repeats):
+            replay_turns_1_to_9()
             warm.append(ttft(turns[-1]))
             llm.reset_prefix_cache()
             cold.append(ttft(turns[-1]))
         if PROFILE:  # one more warm turn 10, profiled
-            llm.reset_prefix_cache()
-            for prompt in turns[:-1]:
-                llm.generate([prompt], one)
+            replay_turns_1_to_9()
             with _Profile(enabled=True) as prof:
                 dt = ttft(turns[-1])
             prof.report(dt, 1)
@@ -432,23 +426,27 @@ def bench_m1(args) -> dict:
 
 def bench_g1(args) -> dict:
     """64 tool_choice=required requests through our tool-call grammar vs the same lengths free."""
-    import torch
-
-    from engine import LLM
-
     try:
         from grammar.bench import run_g1
     except ImportError as e:  # the grammar package needs its backend library
         raise SystemExit(f"G1 needs the grammar package and its backend: {e}") from e
     with tempfile.TemporaryDirectory() as tmp:
-        if torch.cuda.is_available():
-            path = _checkpoint(QWEN3_06B, 151936, Path(tmp), dummy=True)
-            llm = LLM(path, load_format="dummy", dtype="bfloat16", max_model_len=4096)
-        else:
-            torch.set_num_threads(args.threads)
-            path = _checkpoint({**BENCH_SHAPE}, 151936, Path(tmp), dummy=False)
-            llm = LLM(path, device="cpu", dtype="float32", num_threads=args.threads)
-        return run_g1(llm, backend=args.grammar_backend)
+        return run_g1(_real_vocab_llm(args, Path(tmp)), backend=args.grammar_backend)
+
+
+def _real_vocab_llm(args, folder: Path):
+    """M1/G1's engine: the Qwen3-0.6B shape with dummy bf16 weights on CUDA, else the CPU bench
+    shape in float32; both with the real 151,936-token vocabulary."""
+    import torch
+
+    from engine import LLM
+
+    if torch.cuda.is_available():
+        path = _checkpoint(QWEN3_06B, 151936, folder, dummy=True)
+        return LLM(path, load_format="dummy", dtype="bfloat16", max_model_len=4096)
+    torch.set_num_threads(args.threads)
+    path = _checkpoint({**BENCH_SHAPE}, 151936, folder, dummy=False)
+    return LLM(path, device="cpu", dtype="float32", num_threads=args.threads)
 
 
 WORKLOADS = {

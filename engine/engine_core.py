@@ -210,7 +210,7 @@ class EngineCore:
         logits, sampling = self.runner.execute(batch, prev.token_ids if prev is not None else None)
         seqs = [batch.seqs[i] for i in sampling]
         # sampling waits for the previous tokens only when a row reads them on the host
-        late = prev is not None and any(s.params.needs_host_tokens for s in seqs)
+        late = prev is not None and any(s.needs_host_tokens for s in seqs)
         launched = self._sample(logits, seqs) if logits is not None and not late else None
         if prev is not None:
             outputs += self._finish(prev)  # waits only for the previous step's tokens

@@ -46,7 +46,7 @@ class Sampler:
         Rows of finished sequences (their token will be dropped) are left alone."""
         fills: dict[object, list] = {}  # batch filler (None: row by row) -> [(constraint, row, budget)]
         for i, seq in enumerate(seqs):
-            if seq.is_finished:
+            if seq.is_finished or (not seq.edits_logits and seq.constraint is None):
                 continue
             p = seq.params
             if p.logit_bias:

@@ -95,5 +95,10 @@ class SamplingParams:
         return self.constraint is not None or self.needs_penalties or bool(self.logits_processors)
 
     @property
+    def edits_logits(self) -> bool:
+        """Whether the sampler changes this request's logits row before sampling."""
+        return bool(self.logit_bias) or self.min_tokens > 0 or self.needs_host_tokens
+
+    @property
     def needs_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0

@@ -56,6 +56,9 @@ class Sequence:
         self.constraint: Any = None
         self.generator: Any = None
         self.logprobs: list | None = [] if params.logprobs is not None else None
+        # read every step for every row: the request's params never change, so decided once
+        self.needs_host_tokens = params.needs_host_tokens
+        self.edits_logits = params.edits_logits
 
     @property
     def num_tokens(self) -> int:
