@@ -155,53 +155,38 @@ class _HostTimeline:
     )
 
     def __init__(self, core, enabled: bool) -> None:
+        from engine.step_timers import StepTimers
+
         self.core = core
         self.enabled = enabled
-        self.totals: dict[str, float] = {}
-        self.saved: list[tuple[object, str, object]] = []
-
-    def _wrap(self, owner, name: str, label: str) -> None:
-        fn = getattr(owner, name)
-        totals = self.totals
-
-        def timed(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                totals[label] = totals.get(label, 0.0) + time.perf_counter() - t0
-
-        self.saved.append((owner, name, fn))
-        setattr(owner, name, timed)
+        self.timers = StepTimers(time.perf_counter)
 
     def __enter__(self):
         if self.enabled:
+            wrap = self.timers.wrap
             owners = {"core": self.core, "runner": self.core.runner, "scheduler": self.core.scheduler}
             for owner, name in self.PARTS:
-                self._wrap(owners[owner], name, f"{owner}.{name}")
+                wrap(owners[owner], name, f"{owner}.{name}")
             if self.core.device.type == "cuda":
                 import torch
 
-                self._wrap(torch.cuda.Event, "synchronize", "Event.synchronize")
+                wrap(torch.cuda.Event, "synchronize", "Event.synchronize")
             for graphs in (self.core.runner.graphs, self.core.runner.extend_graphs):
                 if graphs is not None:
-                    self._wrap(graphs, "run", f"{type(graphs).__name__}.run")
-                    copies = getattr(graphs, "copies_of", None)
-                    every = [g for gs in copies.values() for g, _ in gs] if copies else graphs.graphs.values()
-                    for g in every:
-                        self._wrap(g, "replay", "CUDAGraph.replay")
+                    wrap(graphs, "run", f"{type(graphs).__name__}.run")
+                    for graph, _ in graphs.graphs.values():
+                        wrap(graph, "replay", "CUDAGraph.replay")
         return self
 
     def __exit__(self, *exc) -> None:
-        for owner, name, fn in reversed(self.saved):
-            setattr(owner, name, fn)
-        self.saved.clear()
+        self.timers.restore()
 
     def report(self, wall: float, steps: int) -> None:
         if not self.enabled:
             return
         steps = max(steps, 1)
-        cells = ", ".join(f"{k} {v / steps * 1e6:.0f}" for k, v in sorted(self.totals.items()))
+        totals = self.timers.totals
+        cells = ", ".join(f"{k} {v / steps * 1e6:.0f}" for k, v in sorted(totals.items()))
         print(f"host timeline (us per step, wall {wall / steps * 1e6:.0f}): {cells}")
 
 
@@ -330,7 +315,6 @@ def bench_gpu(args) -> dict:
             dtype="bfloat16",
             max_model_len=4096,
             enforce_eager=args.eager,
-            cuda_graph_copies=args.graph_copies,
             max_num_seqs=max(len(prompts), 1) if args.workload != "w2" else 256,
         )
         print(f"engine start-up: {time.perf_counter() - t0:.2f} s")
@@ -468,7 +452,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peer", choices=["none", "hf"], default="none", help="also run HF transformers generate")
     p.add_argument("--threads", type=int, default=2, help="CPU threads for both sides (CPU workloads)")
     p.add_argument("--eager", action="store_true", help="GPU: no CUDA graphs")
-    p.add_argument("--graph-copies", type=int, default=1, help="GPU: decode graphs per batch size")
     p.add_argument("--repeats", type=int, default=3, help="M1: timed repetitions (best is reported)")
     p.add_argument("--grammar-backend", default=None, help="G1: llguidance, xgrammar or outlines")
     p.add_argument("--json", metavar="FILE", help="also write the result as JSON")

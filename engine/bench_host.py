@@ -53,30 +53,11 @@ def _stub_device_work(core, seed: int) -> None:
     core.sampler.sample = sample
 
 
-class _Timers:
-    """CPU time of this thread in named calls (other processes on a shared machine barely move it)."""
-
-    def __init__(self) -> None:
-        self.totals: dict[str, float] = {}
-
-    def wrap(self, obj, name: str, label: str) -> None:
-        fn = getattr(obj, name)
-        totals = self.totals
-
-        def timed(*args, **kwargs):
-            t0 = time.thread_time()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                totals[label] = totals.get(label, 0.0) + time.thread_time() - t0
-
-        setattr(obj, name, timed)
-
-
 def run(batch: int, steps: int, profile: bool, folder: Path) -> dict:
     from engine.config import EngineConfig
     from engine.engine_core import EngineCore
     from engine.sampling_params import SamplingParams
+    from engine.step_timers import StepTimers
 
     rng = random.Random(0)
     prompts = [[rng.randint(0, 10000) for _ in range(rng.randint(100, 1900))] for _ in range(batch)]
@@ -108,7 +89,7 @@ def run(batch: int, steps: int, profile: bool, folder: Path) -> dict:
     for _ in range(warm):
         core.step()
 
-    timers = _Timers()
+    timers = StepTimers(time.thread_time)  # this thread's CPU: other processes barely move it
     timers.wrap(core.scheduler, "schedule", "schedule")
     timers.wrap(core.runner, "prepare", "prepare")
     timers.wrap(core, "_finish", "finish (accept, detokenize)")

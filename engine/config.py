@@ -30,7 +30,6 @@ class EngineConfig:
     tokenizer: str | None = None  # defaults to the model folder
     hf_overrides: dict = field(default_factory=dict)  # config fields for load_format="dummy" shapes
     cuda_graph_sizes: list[int] | None = None  # batch sizes captured; None: a ladder up to max_num_seqs
-    cuda_graph_copies: int = 1  # graphs per batch size, replayed in turn (one may launch while one runs)
     # a lone prefill chunk of up to this many tokens (a chat turn over a cached history) replays a
     # captured graph; 0: always eager
     prefill_graph_max_tokens: int = 512
@@ -42,7 +41,7 @@ class EngineConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
 
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "cuda_graph_copies"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             positive(name)
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"EngineConfig.block_size must be a power of two, got {self.block_size}")

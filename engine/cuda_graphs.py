@@ -15,6 +15,35 @@ from engine.attention import AttentionMetadata
 log = logging.getLogger("chatloom.engine")
 
 
+def padded_size(sizes: list[int], n: int) -> int | None:
+    """The smallest captured size >= n (sizes sorted), or None when n is beyond the ladder."""
+    return next((s for s in sizes if s >= n), None)
+
+
+@torch.inference_mode()
+def capture_ladder(
+    sizes: list[int], forward, desc: str, prepare=None
+) -> dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]]:
+    """size -> (graph, its output): forward(size) captured once per size, largest first, all graphs
+    in one memory pool (they are replayed one at a time on one stream). prepare(size) sets the
+    static inputs a capture needs before it runs."""
+    from tqdm import tqdm
+
+    graphs, pool = {}, None
+    for n in tqdm(sorted(sizes, reverse=True), desc=desc, unit="graph"):
+        if prepare is not None:
+            prepare(n)
+        forward(n)  # compiles kernels and settles allocations outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = forward(n)
+        pool = graph.pool()
+        graphs[n] = (graph, out)
+    torch.cuda.synchronize()
+    return graphs
+
+
 def default_sizes(max_num_seqs: int) -> list[int]:
     ladder = [1, 2, 4, 8] + list(range(16, 257, 8))
     sizes = [s for s in ladder if s < max_num_seqs] + [max_num_seqs]
@@ -22,28 +51,17 @@ def default_sizes(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    """`copies` graphs per size, replayed in turn: with overlapped steps, the next step's graph is
-    launched while the last one still runs on the device."""
-
-    def __init__(
-        self, model, kv_caches, sizes: list[int], max_blocks: int, device: torch.device, copies: int = 1
-    ) -> None:
+    def __init__(self, model, kv_caches, sizes: list[int], max_blocks: int, device: torch.device) -> None:
         self.model = model
         self.kv_caches = kv_caches
-        self.copies = copies
-        self.turn = 0
         self.sizes = sorted(sizes)
-        self.max_bs = self.sizes[-1]
-        n = self.max_bs
+        n = self.sizes[-1]
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
         self.positions = torch.zeros(n, dtype=torch.int64, device=device)
         self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
         self.block_tables = torch.zeros((n, max_blocks), dtype=torch.int32, device=device)
         self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # the first copy of each size
-        self.copies_of: dict[int, list[tuple[torch.cuda.CUDAGraph, torch.Tensor]]] = {}
-        self.logits: dict[int, torch.Tensor] = {}
-        self._capture()
+        self.graphs = capture_ladder(self.sizes, self._forward, "capturing CUDA graphs")
 
     def _forward(self, bs: int) -> torch.Tensor:
         meta = AttentionMetadata(
@@ -58,29 +76,8 @@ class DecodeGraphs:
         hidden = self.model(self.input_ids[:bs], self.positions[:bs], self.kv_caches, meta)
         return self.model.compute_logits(hidden)
 
-    @torch.inference_mode()
-    def _capture(self) -> None:
-        from tqdm import tqdm
-
-        pool = None
-        for bs in tqdm(sorted(self.sizes, reverse=True), desc="capturing CUDA graphs", unit="graph"):
-            self._forward(bs)  # compiles kernels and settles allocations outside the capture
-            torch.cuda.synchronize()
-            self.copies_of[bs] = []
-            for _ in range(self.copies):
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    logits = self._forward(bs)
-                pool = graph.pool()
-                self.copies_of[bs].append((graph, logits))
-            self.graphs[bs], self.logits[bs] = self.copies_of[bs][0]
-        torch.cuda.synchronize()
-
     def padded_size(self, bs: int) -> int | None:
-        for s in self.sizes:
-            if s >= bs:
-                return s
-        return None
+        return padded_size(self.sizes, bs)
 
     def run(
         self,
@@ -101,8 +98,7 @@ class DecodeGraphs:
         if size > bs:
             self.slot_mapping[bs:size].fill_(-1)
             self.seq_lens[bs:size].fill_(0)
-        graph, logits = self.copies_of[size][self.turn % self.copies]
-        self.turn += 1
+        graph, logits = self.graphs[size]
         graph.replay()
         return logits[:bs]
 
@@ -127,10 +123,14 @@ class ExtendGraphs:
         self.cu_seqlens = torch.zeros(2, dtype=torch.int32, device=device)
         self.seq_len = torch.zeros(1, dtype=torch.int32, device=device)
         self.last_row = torch.zeros(1, dtype=torch.int64, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
         self.replays = 0
-        self._capture()
+        self.graphs = capture_ladder(self.sizes, self._forward, "capturing prefill graphs", self._as_full)
+        self.slot_mapping.fill_(-1)
+
+    def _as_full(self, n: int) -> None:
+        # the capture runs a fresh n-token prompt (slots -1: nothing written)
+        self.cu_seqlens.copy_(torch.tensor([0, n], dtype=torch.int32))
+        self.seq_len.fill_(n)
 
     def _forward(self, n: int) -> torch.Tensor:
         meta = AttentionMetadata(
@@ -146,29 +146,8 @@ class ExtendGraphs:
         hidden = self.model(self.input_ids[:n], self.positions[:n], self.kv_caches, meta)
         return self.model.compute_logits(hidden.index_select(0, self.last_row))
 
-    @torch.inference_mode()
-    def _capture(self) -> None:
-        from tqdm import tqdm
-
-        pool = None
-        for n in tqdm(sorted(self.sizes, reverse=True), desc="capturing prefill graphs", unit="graph"):
-            self.cu_seqlens.copy_(torch.tensor([0, n], dtype=torch.int32))
-            self.seq_len.fill_(n)
-            self._forward(n)  # compiles kernels and settles allocations outside the capture
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits[n] = self._forward(n)
-            pool = graph.pool()
-            self.graphs[n] = graph
-        self.slot_mapping.fill_(-1)
-        torch.cuda.synchronize()
-
     def padded_size(self, n: int) -> int | None:
-        for s in self.sizes:
-            if s >= n:
-                return s
-        return None
+        return padded_size(self.sizes, n)
 
     def run(
         self,
@@ -191,6 +170,7 @@ class ExtendGraphs:
         self.cu_seqlens.copy_(cu_seqlens)
         self.seq_len.copy_(seq_len)
         self.last_row.fill_(n - 1)
-        self.graphs[size].replay()
+        graph, logits = self.graphs[size]
+        graph.replay()
         self.replays += 1
-        return self.logits[size]
+        return logits

@@ -111,12 +111,3 @@ def test_chat_turns_replay_prefill_graphs(ckpt):
     assert llm.stats()["prefix_cache_hit_tokens"] > 0
     ties = compare(ours, hf_greedy(ckpt, torch.bfloat16, ps), bf16_tie)
     print(f"prefill graphs: 3 turns, near-tie divergences {ties}")
-
-
-def test_graph_copies_replay_the_same_step(ckpt):
-    """Two decode graphs per batch size, replayed in turn, give the tokens of one."""
-    ps = prompts()[:4]
-    one = [o.token_ids for o in LLM(ckpt, dtype="bfloat16", max_model_len=1024).generate(ps, GREEDY)]
-    two = LLM(ckpt, dtype="bfloat16", max_model_len=1024, cuda_graph_copies=2)
-    assert [o.token_ids for o in two.generate(ps, GREEDY)] == one
-    assert two.core.runner.graphs.turn > 0
