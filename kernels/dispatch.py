@@ -181,19 +181,28 @@ def qk_norm_rope_store_kv(
     slot_mapping: torch.Tensor,  # (num_tokens,) int; < 0 = padding
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q/k norm + RoPE + store_kv in one launch on CUDA; returns rotated (q, k), IN PLACE on CUDA."""
-    fits = q_norm_weight is None or (q_norm_weight.dtype == q.dtype and k_norm_weight.dtype == q.dtype)
-    if not use_triton(q) or not fits:
+    weights = _qk_norm_weights(q, q_norm_weight, k_norm_weight)
+    if not use_triton(q) or weights is None:
         return ref.qk_norm_rope_store_kv(
             q, k, v, q_norm_weight, k_norm_weight, eps, positions, cos_sin, k_cache, v_cache, slot_mapping
         )
     from kernels.qk_norm_rope import qk_norm_rope_store_kv as triton_fused
 
-    if q_norm_weight is not None:
-        q_norm_weight, k_norm_weight = q_norm_weight.contiguous(), k_norm_weight.contiguous()
+    q_norm_weight, k_norm_weight = weights
     return triton_fused(
         q, k, v, q_norm_weight, k_norm_weight, eps, positions, cos_sin.contiguous(), k_cache, v_cache,
         slot_mapping,
     )  # fmt: skip
+
+
+def _qk_norm_weights(q: torch.Tensor, q_w: torch.Tensor | None, k_w: torch.Tensor | None):
+    """(q_w, k_w) made contiguous for the fused Triton kernels, (None, None) without a q/k norm, or
+    None when the weights' dtype differs from q's (the kernels need one dtype: use the reference)."""
+    if q_w is None:
+        return None, None
+    if q_w.dtype != q.dtype or k_w.dtype != q.dtype:
+        return None
+    return q_w.contiguous(), k_w.contiguous()
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -327,10 +336,10 @@ def qk_norm_rope_decode_attention(
     *,
     max_seq_len: int | None = None,
 ) -> torch.Tensor:  # (batch, num_heads, head_dim)
-    """qk_norm_rope_store_kv + decode_attention of a decode-only batch; on CUDA one launch. q and k are
-    left as they are on CUDA (the reference path rotates them in place on CUDA only)."""
-    fits = q_norm_weight is None or (q_norm_weight.dtype == q.dtype and k_norm_weight.dtype == q.dtype)
-    if not use_triton(q) or not fits or k.stride(1) != k.shape[-1] or v.stride(1) != v.shape[-1]:
+    """qk_norm_rope_store_kv + decode_attention of a decode-only batch; on CUDA one launch, which
+    leaves q and k as they are (the two-step path rotates them in place)."""
+    weights = _qk_norm_weights(q, q_norm_weight, k_norm_weight)
+    if not use_triton(q) or weights is None or k.stride(1) != k.shape[-1] or v.stride(1) != v.shape[-1]:
         q, _ = qk_norm_rope_store_kv(
             q, k, v, q_norm_weight, k_norm_weight, eps, positions, cos_sin, k_cache, v_cache, slot_mapping
         )
@@ -339,8 +348,7 @@ def qk_norm_rope_decode_attention(
         )
     from kernels.paged_attention import NewTokenQK, paged_decode_attention
 
-    if q_norm_weight is not None:
-        q_norm_weight, k_norm_weight = q_norm_weight.contiguous(), k_norm_weight.contiguous()
+    q_norm_weight, k_norm_weight = weights
     new = NewTokenQK(k, v, q_norm_weight, k_norm_weight, eps, positions, cos_sin.contiguous(), slot_mapping)
     return paged_decode_attention(
         q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, max_seq_len=max_seq_len,

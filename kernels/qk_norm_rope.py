@@ -5,6 +5,7 @@ instead of four (matches reference.qk_norm_rope_store_kv). Decode steps are laun
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
 from kernels._jit import kernel, next_pow2
@@ -43,37 +44,15 @@ def _qk_norm_rope_store_kernel(
     cos = tl.load(cs_ptr + pos * (2 * HALF) + j, mask=jm, other=0.0)[None, :]  # (1, BLOCK_HALF)
     sin = tl.load(cs_ptr + pos * (2 * HALF) + HALF + j, mask=jm, other=0.0)[None, :]
     h = tl.arange(0, BLOCK_H)
-    dt = q_ptr.dtype.element_ty
 
-    # ---- q: norm over each head's full head_dim (two halves), round like torch, rotate
+    # ---- q, then k: norm over each head's full head_dim (two halves), round like torch, rotate
     qm = (h[:, None] < NUM_HEADS) & jm[None, :]
     q1p = q_ptr + tok * stride_qt + h[:, None] * stride_qh + j[None, :]  # (BLOCK_H, BLOCK_HALF)
-    q1 = tl.load(q1p, mask=qm, other=0.0).to(tl.float32)
-    q2 = tl.load(q1p + HALF, mask=qm, other=0.0).to(tl.float32)
-    if HAS_NORM:
-        rstd = 1.0 / tl.sqrt((tl.sum(q1 * q1, axis=1) + tl.sum(q2 * q2, axis=1)) / (2 * HALF) + eps)
-        w1 = tl.load(qw_ptr + j, mask=jm, other=0.0).to(tl.float32)[None, :]
-        w2 = tl.load(qw_ptr + HALF + j, mask=jm, other=0.0).to(tl.float32)[None, :]
-        q1 = (w1 * (q1 * rstd[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        q2 = (w2 * (q2 * rstd[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-    tl.store(q1p, (q1 * cos - q2 * sin).to(dt), mask=qm)
-    tl.store(q1p + HALF, (q2 * cos + q1 * sin).to(dt), mask=qm)
-
-    # ---- k: same, then k and v into the cache slot
+    _norm_rotate(q1p, qm, qw_ptr, j, jm, cos, sin, eps, HALF, HAS_NORM)
     km = (h[:, None] < NUM_KV_HEADS) & jm[None, :]
     k1p = k_ptr + tok * stride_kt + h[:, None] * stride_kh + j[None, :]
-    k1 = tl.load(k1p, mask=km, other=0.0).to(tl.float32)
-    k2 = tl.load(k1p + HALF, mask=km, other=0.0).to(tl.float32)
-    if HAS_NORM:
-        rstd_k = 1.0 / tl.sqrt((tl.sum(k1 * k1, axis=1) + tl.sum(k2 * k2, axis=1)) / (2 * HALF) + eps)
-        u1 = tl.load(kw_ptr + j, mask=jm, other=0.0).to(tl.float32)[None, :]
-        u2 = tl.load(kw_ptr + HALF + j, mask=jm, other=0.0).to(tl.float32)[None, :]
-        k1 = (u1 * (k1 * rstd_k[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        k2 = (u2 * (k2 * rstd_k[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-    r1 = (k1 * cos - k2 * sin).to(dt)
-    r2 = (k2 * cos + k1 * sin).to(dt)
-    tl.store(k1p, r1, mask=km)
-    tl.store(k1p + HALF, r2, mask=km)
+    r1, r2 = _norm_rotate(k1p, km, kw_ptr, j, jm, cos, sin, eps, HALF, HAS_NORM)
+    # ---- k and v into the cache slot
     slot = tl.load(slot_ptr + tok).to(tl.int64)
     if slot >= 0:
         dst = slot * (NUM_KV_HEADS * 2 * HALF) + h[:, None] * (2 * HALF) + j[None, :]  # (BLOCK_H, BLOCK_HALF)
@@ -83,6 +62,27 @@ def _qk_norm_rope_store_kernel(
         v1p = v_ptr + tok * stride_vt + h[:, None] * stride_vh + j[None, :]
         tl.store(v_cache_ptr + dst, tl.load(v1p, mask=km).to(ct), mask=km)
         tl.store(v_cache_ptr + dst + HALF, tl.load(v1p + HALF, mask=km).to(ct), mask=km)
+
+
+@triton.jit
+def _norm_rotate(x1p, mask, w_ptr, j, jm, cos, sin, eps, HALF: tl.constexpr, HAS_NORM: tl.constexpr):
+    """Heads at x1p (first halves; second halves HALF further), in place: optional RMSNorm (rounded
+    like torch), then RoPE. Returns the rotated halves in the tensor's dtype. (A helper: interpreted
+    or compiled with its caller, see kernels._jit.)"""
+    dt = x1p.dtype.element_ty
+    x1 = tl.load(x1p, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x1p + HALF, mask=mask, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
+        w1 = tl.load(w_ptr + j, mask=jm, other=0.0).to(tl.float32)[None, :]
+        w2 = tl.load(w_ptr + HALF + j, mask=jm, other=0.0).to(tl.float32)[None, :]
+        x1 = (w1 * (x1 * rstd[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        x2 = (w2 * (x2 * rstd[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    r1 = (x1 * cos - x2 * sin).to(dt)
+    r2 = (x2 * cos + x1 * sin).to(dt)
+    tl.store(x1p, r1, mask=mask)
+    tl.store(x1p + HALF, r2, mask=mask)
+    return r1, r2
 
 
 def qk_norm_rope_store_kv(
