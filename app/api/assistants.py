@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.agent.config import AssistantIn
 from app.deps import ApiKey
@@ -32,6 +33,17 @@ def assistant_out(row: Assistant) -> dict[str, Any]:
     }
 
 
+async def assistant_or_404(s: AsyncSession, assistant_id: str) -> Assistant:
+    row = await repo.get_assistant(s, assistant_id)
+    if row is None:
+        raise APIError(f"No assistant with id {assistant_id!r}.", 404, param="assistant_id")
+    return row
+
+
+def _exists(assistant_id: str | None) -> APIError:
+    return APIError(f"An assistant with id {assistant_id!r} exists.", 409, param="id", code="conflict")
+
+
 @router.get("")
 async def list_assistants(db: DB) -> dict[str, Any]:
     async with db.session() as s:
@@ -43,27 +55,21 @@ async def create_assistant(body: AssistantIn, db: DB) -> dict[str, Any]:
     try:
         async with db.session() as s:
             if body.id and await repo.get_assistant(s, body.id) is not None:
-                raise APIError(f"An assistant with id {body.id!r} exists.", 409, param="id", code="conflict")
+                raise _exists(body.id)
             row = await repo.create_assistant(s, body.to_row(), body.id)
             return assistant_out(row)
     except IntegrityError as exc:  # a concurrent create with the same id
-        raise APIError(f"An assistant with id {body.id!r} exists.", 409, param="id", code="conflict") from exc
+        raise _exists(body.id) from exc
 
 
 @router.get("/{assistant_id}")
 async def get_assistant(assistant_id: str, db: DB) -> dict[str, Any]:
     async with db.session() as s:
-        row = await repo.get_assistant(s, assistant_id)
-        if row is None:
-            raise APIError(f"No assistant with id {assistant_id!r}.", 404, param="assistant_id")
-        return assistant_out(row)
+        return assistant_out(await assistant_or_404(s, assistant_id))
 
 
 @router.delete("/{assistant_id}")
 async def delete_assistant(assistant_id: str, db: DB) -> dict[str, Any]:
     async with db.session() as s:
-        row = await repo.get_assistant(s, assistant_id)
-        if row is None:
-            raise APIError(f"No assistant with id {assistant_id!r}.", 404, param="assistant_id")
-        await s.delete(row)
+        await s.delete(await assistant_or_404(s, assistant_id))
     return {"id": assistant_id, "object": "assistant.deleted", "deleted": True}

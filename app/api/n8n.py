@@ -26,6 +26,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import UploadFile
 
 from app.agent.turn import AssistantSpec, TurnDeps, run_turn
+from app.api.assistants import assistant_or_404
+from app.api.openai import STREAM_HEADERS
 from app.errors import APIError
 from app.memory import repository as repo
 from app.memory.deps import DB, HTTP, get_engine
@@ -115,10 +117,7 @@ async def chat(assistant_id: str, request: Request, db: DB, http: HTTP):
     action = body.get("action") or ("sendMessage" if input_key in body else None)
 
     async with db.session() as s:
-        row = await repo.get_assistant(s, assistant_id)
-        if row is None:
-            raise APIError(f"No assistant with id {assistant_id!r}.", 404, param="assistant_id")
-        spec = AssistantSpec.from_row(row)
+        spec = AssistantSpec.from_row(await assistant_or_404(s, assistant_id))
         if action == "loadPreviousSession":
             messages = await repo.get_messages(s, db.history, session_id)
             # the widget shows bubbles: tool rounds and empty call messages are left out
@@ -140,7 +139,7 @@ async def chat(assistant_id: str, request: Request, db: DB, http: HTTP):
         return StreamingResponse(
             _ndjson(pieces, assistant_id, spec.name),
             media_type="application/json; charset=utf-8",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            headers=STREAM_HEADERS,
         )
     output = "".join([p async for p in pieces])
     return JSONResponse({"output": output})

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from app.chat.generation import (
     EngineRun,
     check_context,
+    finite_logprob,
     make_params,
     new_id,
     sampling_fields,
@@ -26,11 +27,12 @@ from app.schemas.completions import Completion, CompletionRequest
 
 router = APIRouter(dependencies=[ApiKey], tags=["openai"])
 
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# streamed bodies (SSE, NDJSON): no caching, no proxy buffering
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def sse_response(body) -> StreamingResponse:
-    return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+    return StreamingResponse(body, media_type="text/event-stream", headers=STREAM_HEADERS)
 
 
 @router.get("/v1/models", response_model=ModelList)
@@ -104,7 +106,7 @@ async def completions(body: CompletionRequest, request: Request, serving: Servin
         for item in items:
             text, _ = serving.token_text(item.token_id)
             tokens.append(text)
-            lps.append(item.logprob if item.logprob > -1e30 else -9999.0)
+            lps.append(finite_logprob(item.logprob))
             tops.append({serving.token_text(t)[0]: lp for t, lp in (item.top or [])[: body.logprobs]})
             offsets.append(offset)
             offset += len(text)

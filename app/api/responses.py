@@ -6,12 +6,12 @@ import json
 import logging
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
-from app.api.openai import SSE_HEADERS
+from app.api.openai import sse_response
 from app.chat import responses as convert
 from app.chat.generation import new_id, sampling_fields
-from app.chat.serving import Prepared, Serving
+from app.chat.serving import Prepared, Serving, check_tools
 from app.deps import ApiKey, ServingDep
 from app.errors import APIError
 from app.schemas.responses import Response, ResponsesRequest
@@ -32,10 +32,14 @@ async def _prepare(serving: Serving, body: ResponsesRequest) -> Prepared:
 
 
 async def _prepare_chat(serving: Serving, body: ResponsesRequest, model: str) -> Prepared:
+    messages = convert.input_messages(body)
+    tools = convert.chat_tools(body)
+    tool_choice = convert.chat_tool_choice(body)
+    check_tools(tools, tool_choice)
     return await serving.prepare(
-        messages=convert.input_messages(body),
-        tools=convert.chat_tools(body),
-        tool_choice=convert.chat_tool_choice(body),
+        messages=messages,
+        tools=tools,
+        tool_choice=tool_choice,
         parallel_tool_calls=body.parallel_tool_calls is not False,
         response_format=convert.response_format(body),
         max_tokens=body.max_output_tokens,
@@ -93,4 +97,4 @@ async def create_response(body: ResponsesRequest, request: Request, serving: Ser
         finally:
             await run.close()
 
-    return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return sse_response(stream())

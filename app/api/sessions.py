@@ -15,6 +15,17 @@ from app.memory.models import Message
 router = APIRouter(prefix="/v1/sessions", dependencies=[ApiKey], tags=["sessions"])
 
 
+def session_out(row: Any) -> dict[str, Any]:
+    """The fields a listed session (repo.SessionSummary) and a read one (ChatSession) share."""
+    return {
+        "id": row.id,
+        "object": "session",
+        "assistant_id": row.assistant_id,
+        "created_at": int(row.created_at.timestamp()),
+        "updated_at": int(row.updated_at.timestamp()),
+    }
+
+
 def message_out(m: Message) -> dict[str, Any]:
     return {"id": m.id, "created_at": int(m.created_at.timestamp()), **m.to_openai()}
 
@@ -30,17 +41,7 @@ async def list_sessions(
         rows = await repo.list_sessions(s, db.history, assistant_id=assistant_id, limit=limit, offset=offset)
     return {
         "object": "list",
-        "data": [
-            {
-                "id": r.id,
-                "object": "session",
-                "assistant_id": r.assistant_id,
-                "created_at": int(r.created_at.timestamp()),
-                "updated_at": int(r.updated_at.timestamp()),
-                "message_count": r.message_count,
-            }
-            for r in rows
-        ],
+        "data": [{**session_out(r), "message_count": r.message_count} for r in rows],
     }
 
 
@@ -55,14 +56,7 @@ async def _read(db, session_id: str) -> tuple[Any, list[Message]]:
 @router.get("/{session_id}")
 async def get_session(session_id: str, db: DB) -> dict[str, Any]:
     session, messages = await _read(db, session_id)
-    return {
-        "id": session.id,
-        "object": "session",
-        "assistant_id": session.assistant_id,
-        "created_at": int(session.created_at.timestamp()),
-        "updated_at": int(session.updated_at.timestamp()),
-        "messages": [message_out(m) for m in messages],
-    }
+    return {**session_out(session), "messages": [message_out(m) for m in messages]}
 
 
 @router.get("/{session_id}/messages")

@@ -190,13 +190,14 @@ class TokenText:
         self.tokenizer = tokenizer
         self._cache: dict[int, tuple[str, list[int]]] = {}
         self._special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        self._decoder = byte_decoder()  # built anew on each call of byte_decoder()
 
     def __call__(self, token_id: int) -> tuple[str, list[int]]:
         hit = self._cache.get(token_id)
         if hit is not None:
             return hit
         piece = self.tokenizer.convert_ids_to_tokens(token_id)
-        decoder = byte_decoder()
+        decoder = self._decoder
         if piece is not None and token_id not in self._special and all(ch in decoder for ch in piece):
             raw = bytes(decoder[ch] for ch in piece)
         else:
@@ -213,11 +214,12 @@ class TokenText:
             tops = []
             for tid, lp in (item.top or [])[:top_n]:
                 t_text, t_raw = self(tid)
-                tops.append({"token": t_text, "bytes": t_raw, "logprob": _finite(lp)})
-            out.append({"token": text, "bytes": raw, "logprob": _finite(item.logprob), "top_logprobs": tops})
+                tops.append({"token": t_text, "bytes": t_raw, "logprob": finite_logprob(lp)})
+            logprob = finite_logprob(item.logprob)
+            out.append({"token": text, "bytes": raw, "logprob": logprob, "top_logprobs": tops})
         return out
 
 
-def _finite(value: float) -> float:
+def finite_logprob(value: float) -> float:
     # JSON has no -inf; a masked-out token gets the most negative float the SDK parses
     return value if value > -1e30 else -9999.0

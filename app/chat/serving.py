@@ -175,8 +175,8 @@ class Serving:
         request_id: str,
         history: list[dict[str, Any]] | None = None,
     ) -> Prepared:
-        """history: a stored conversation (app.memory) rendered instead of `messages`."""
-        check_tools(tools, tool_choice)
+        """history: a stored conversation (app.memory) rendered instead of `messages`. The caller
+        has run check_tools(tools, tool_choice)."""
         if tool_choice is None:
             tool_choice = "auto" if tools else "none"
         use_tools = tools if tools and tool_choice != "none" else None

@@ -18,15 +18,19 @@ from app.memory import repository as repo
 from app.memory.db import Database
 
 
+def _text(content: Any) -> str:
+    if isinstance(content, list):  # content parts: their text
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content or ""
+
+
 def _key(m: dict[str, Any]) -> tuple:
-    content = m.get("content")
-    if isinstance(content, list):  # content parts: compare the text
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    content = _text(m.get("content")).strip()
     if m.get("role") == "assistant":
         # clients echo calls with reformatted arguments or "" content; compare call names
         names = tuple(c.get("function", {}).get("name") for c in m.get("tool_calls") or [])
-        return ("assistant", names or (content or "").strip())
-    return (m.get("role"), (content or "").strip(), m.get("tool_call_id"))
+        return ("assistant", names or content)
+    return (m.get("role"), content, m.get("tool_call_id"))
 
 
 def _overlap(stored: list[dict], new: list[dict]) -> int:
@@ -35,12 +39,6 @@ def _overlap(stored: list[dict], new: list[dict]) -> int:
         if [_key(m) for m in stored[-k:]] == [_key(m) for m in new[:k]]:
             return k
     return 0
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return content or ""
 
 
 async def load_and_append(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import httpx
 from fastapi import Depends, Request
@@ -26,8 +26,7 @@ def get_http(request: Request) -> httpx.AsyncClient:
     return http
 
 
-__all__ = ["DB", "HTTP", "Engine", "get_db", "get_engine", "get_http"]
+__all__ = ["DB", "HTTP", "get_db", "get_engine", "get_http"]
 
 DB = Annotated[Database, Depends(get_db)]
-Engine = Annotated[Any, Depends(get_engine)]
 HTTP = Annotated[httpx.AsyncClient, Depends(get_http)]

@@ -3,7 +3,6 @@ answer (openai.types.chat.ChatCompletion / ChatCompletionChunk)."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
@@ -12,10 +11,20 @@ from app.schemas.common import (
     CompletionUsage,
     FunctionDefinition,
     FunctionName,
+    LogitBias,
+    MinP,
+    Penalty,
+    RepetitionPenalty,
     Request,
+    Stop,
+    StreamOptions,
     Strict,
+    Temperature,
     TokenLogprob,
+    TopK,
+    TopP,
     Wire,
+    arguments_as_json_string,
 )
 
 # ---- request -------------------------------------------------------------------------------------
@@ -61,13 +70,7 @@ class ToolCallFunction(Strict):
     name: str
     arguments: str = "{}"
 
-    @field_validator("arguments", mode="before")
-    @classmethod
-    def _object_to_string(cls, value: Any) -> Any:
-        # some clients echo arguments as an object; the wire type is a JSON string
-        if isinstance(value, dict | list):
-            return json.dumps(value, ensure_ascii=False)
-        return value
+    _arguments = field_validator("arguments", mode="before")(arguments_as_json_string)
 
 
 class ToolCallParam(Strict):
@@ -156,16 +159,6 @@ ResponseFormat = Annotated[
 ]
 
 
-class StreamOptions(Strict):
-    """openai.types.chat.ChatCompletionStreamOptionsParam"""
-
-    include_usage: bool | None = None
-
-
-Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
-StopList = Annotated[list[Annotated[str, Field(max_length=512)]], Field(max_length=16)]
-
-
 class ChatCompletionRequest(Request):
     """openai.types.chat.CompletionCreateParams (plus top_k / min_p / repetition_penalty)"""
 
@@ -173,10 +166,10 @@ class ChatCompletionRequest(Request):
     messages: list[Message] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     n: int = Field(default=1, ge=1)
-    stop: Annotated[str, Field(max_length=512)] | StopList | None = None
+    stop: Stop | None = None
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -184,7 +177,7 @@ class ChatCompletionRequest(Request):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
-    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    logit_bias: LogitBias | None = None
     tools: list[ChatTool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -194,9 +187,9 @@ class ChatCompletionRequest(Request):
     metadata: dict[str, str] | None = None
     # not in the OpenAI API: server-side memory (also the X-Session-Id header), vLLM-style sampling
     session_id: str | None = Field(default=None, min_length=1, max_length=255)
-    top_k: int | None = Field(default=None, ge=-1)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
 
 
 # ---- response ------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
@@ -32,6 +33,13 @@ def empty_parameters_as_object(value: Any) -> Any:
     return {"type": "object", "properties": {}} if value == {} else value
 
 
+def arguments_as_json_string(value: Any) -> Any:
+    # some clients echo call arguments as an object; the wire type is a JSON string
+    if isinstance(value, dict | list):
+        return json.dumps(value, ensure_ascii=False)
+    return value
+
+
 class FunctionDefinition(Strict):
     """openai.types.shared_params.FunctionDefinition"""
 
@@ -41,6 +49,26 @@ class FunctionDefinition(Strict):
     strict: bool | None = None
 
     _parameters = field_validator("parameters")(empty_parameters_as_object)
+
+
+class StreamOptions(Strict):
+    """openai.types.chat.ChatCompletionStreamOptionsParam"""
+
+    include_usage: bool | None = None
+
+
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+StopList = Annotated[list[Annotated[str, Field(max_length=512)]], Field(max_length=16)]
+
+
+# the sampling fields chat completions and legacy completions share (`x: Type | None = None`)
+Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
+TopP = Annotated[float, Field(ge=0.0, le=1.0)]
+Stop = Annotated[str, Field(max_length=512)] | StopList
+LogitBias = dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]]
+TopK = Annotated[int, Field(ge=-1)]
+MinP = Annotated[float, Field(ge=0.0, le=1.0)]
+RepetitionPenalty = Annotated[float, Field(gt=0.0, le=2.0)]
 
 
 class CompletionTokensDetails(Wire):

@@ -6,8 +6,20 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from app.schemas.chat import Penalty, StopList, StreamOptions
-from app.schemas.common import CompletionUsage, Request, Wire
+from app.schemas.common import (
+    CompletionUsage,
+    LogitBias,
+    MinP,
+    Penalty,
+    RepetitionPenalty,
+    Request,
+    Stop,
+    StreamOptions,
+    Temperature,
+    TopK,
+    TopP,
+    Wire,
+)
 
 
 class CompletionRequest(Request):
@@ -16,10 +28,10 @@ class CompletionRequest(Request):
     model: str | None = None
     prompt: str | list[int] | Annotated[list[str], Field(min_length=1, max_length=1)]
     max_tokens: int | None = Field(default=16, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     n: int = Field(default=1, ge=1)
-    stop: Annotated[str, Field(max_length=512)] | StopList | None = None
+    stop: Stop | None = None
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -27,12 +39,12 @@ class CompletionRequest(Request):
     echo: bool = False
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
-    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    logit_bias: LogitBias | None = None
     suffix: str | None = None
     user: str | None = None
-    top_k: int | None = Field(default=None, ge=-1)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
 
 
 class CompletionLogprobs(Wire):

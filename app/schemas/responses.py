@@ -3,12 +3,18 @@ only) and what we answer (openai.types.responses.Response and its stream events)
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator
 
-from app.schemas.common import FunctionName, Request, Strict, Wire, empty_parameters_as_object
+from app.schemas.common import (
+    FunctionName,
+    Request,
+    Strict,
+    Wire,
+    arguments_as_json_string,
+    empty_parameters_as_object,
+)
 
 
 class InputText(Strict):
@@ -46,12 +52,7 @@ class FunctionCallItem(Strict):
     arguments: str = "{}"
     id: str | None = None
 
-    @field_validator("arguments", mode="before")
-    @classmethod
-    def _object_to_string(cls, value: Any) -> Any:
-        if isinstance(value, dict | list):
-            return json.dumps(value, ensure_ascii=False)
-        return value
+    _arguments = field_validator("arguments", mode="before")(arguments_as_json_string)
 
 
 class FunctionCallOutputItem(Strict):
@@ -79,7 +80,8 @@ InputItem = Annotated[
 
 
 class FunctionToolParam(Strict):
-    """openai.types.responses.FunctionToolParam"""
+    """openai.types.responses.FunctionToolParam (FunctionDefinition's fields, flat; `type` first:
+    it is what a non-function tool gets reported on)"""
 
     type: Literal["function"]
     name: FunctionName
