@@ -23,9 +23,6 @@ class GrammarMatcher(Protocol):
 
     def rollback(self, num_tokens: int) -> None: ...
 
-    def is_finished(self) -> bool:
-        """True once EOS was accepted (the grammar is complete)."""
-
 
 class CompiledGrammar(Protocol):
     """Immutable result of compiling one regex; shared by every request that uses it."""

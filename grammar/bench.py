@@ -21,6 +21,11 @@ from grammar.mask_cache import mask_cache
 G1_TOOLS = Path(__file__).with_name("g1_tools.json")  # a copy of shared/reference/g1_tools.json
 
 
+def g1_tools() -> list[dict]:
+    """G1's five tools (OpenAI `tools` entries)."""
+    return json.loads(G1_TOOLS.read_text())["tools"]
+
+
 def g1_prompts(n: int = 64, prompt_len: int = 256, seed: int = 2) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randint(0, 10000) for _ in range(prompt_len)] for _ in range(n)]
@@ -222,9 +227,9 @@ def measure_backends(
     from grammar.budget import BudgetAutomaton, vocab_tables
     from grammar.constraint import GrammarConstraint
     from grammar.tools import grammar_spec
-    from grammar.vocab import vocab_for
+    from grammar.vocab import allowed_ids, vocab_for
 
-    tools = json.loads(G1_TOOLS.read_text())["tools"]
+    tools = g1_tools()
     spec = grammar_spec(tools, "required", True)
     vocab = vocab_for(tokenizer, vocab_size)
     vocab_tables(vocab)
@@ -255,8 +260,7 @@ def measure_backends(
                 t0 = time.perf_counter()
                 c.fill_bitmask(bitmask, 0, max_tokens - step)
                 times.append(time.perf_counter() - t0)
-                bits = np.unpackbits(bitmask[0].numpy().view(np.uint8), bitorder="little")[:vocab_size]
-                allowed = np.flatnonzero(bits)
+                allowed = allowed_ids(bitmask[0], vocab_size)
                 tok = int(allowed[rng.integers(len(allowed))])
                 if not c.accept_token(tok):
                     break

@@ -207,7 +207,7 @@ class BudgetAutomaton:
 class BudgetCursor:
     """Per-request position in the byte DFA, kept in step with the backend's matcher."""
 
-    __slots__ = ("auto", "state", "history", "_rows")
+    __slots__ = ("auto", "state", "history")
 
     def __init__(self, auto: BudgetAutomaton):
         self.auto = auto
@@ -223,8 +223,12 @@ class BudgetCursor:
         return s
 
     def advance(self, token_id: int) -> None:
+        self.advance_to(self.next_state(token_id))
+
+    def advance_to(self, state: int) -> None:
+        """Move to a state the caller already computed with next_state (one walk per token)."""
         self.history.append(self.state)
-        self.state = self.next_state(token_id)
+        self.state = state
 
     def rollback(self, n: int) -> None:
         for _ in range(n):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -29,22 +28,14 @@ class GrammarCompiler:
         self.max_entries = max_entries
         self._cache: OrderedDict[str, tuple[Future, Future]] = OrderedDict()
         self._lock = threading.Lock()
-        self.compile_seconds: dict[str, float] = {}  # key -> backend + budget compile time (stats)
-
-    def _timed(self, key: str, part: str, fn, *args):
-        t0 = time.perf_counter()
-        out = fn(*args)
-        self.compile_seconds[f"{key}:{part}"] = time.perf_counter() - t0
-        return out
 
     def submit(self, spec: GrammarSpec) -> GrammarConstraintFactory:
         key = spec.key
         with self._lock:
             hit = self._cache.get(key)
             if hit is None:
-                run = self.pool.submit
-                budget = run(self._timed, key, "budget", BudgetAutomaton, spec.budget_regex, self.vocab)
-                grammar = run(self._timed, key, self.backend.name, self.backend.compile, spec.regex)
+                budget = self.pool.submit(BudgetAutomaton, spec.budget_regex, self.vocab)
+                grammar = self.pool.submit(self.backend.compile, spec.regex)
                 hit = (budget, grammar)
                 self._cache[key] = hit
                 while len(self._cache) > self.max_entries:
@@ -52,7 +43,7 @@ class GrammarCompiler:
             else:
                 self._cache.move_to_end(key)
         exact = spec.regex == spec.budget_regex
-        return GrammarConstraintFactory(hit[0], hit[1], self.vocab, spec.mode, exact)
+        return GrammarConstraintFactory(hit[0], hit[1], self.vocab, exact)
 
 
 _compilers: dict[tuple[int, str], tuple[TokenVocab, GrammarCompiler]] = {}

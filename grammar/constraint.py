@@ -27,6 +27,7 @@ class GrammarConstraint:
 
     __slots__ = (
         "matcher", "cursor", "vocab", "words", "done", "restricted_steps", "fallbacks", "grammar", "pending",
+        "_fill_masks", "_accept_many", "_is_error",
     )  # fmt: skip
 
     def __init__(
@@ -38,9 +39,13 @@ class GrammarConstraint:
         self.words = vocab.mask_words
         self.done = False
         self.restricted_steps = 0  # steps where the budget narrowed the mask (for tests and stats)
-        self.fallbacks = 0  # steps where budget and grammar masks did not intersect (see fill_bitmask)
+        self.fallbacks = 0  # steps where budget and grammar masks did not intersect (see _narrow)
         self.grammar = grammar  # the compiled grammar whose rows are cached by DFA state; None: no cache
         self.pending: list[int] = []  # tokens the cursor took and the matcher not yet (cache only)
+        # the matcher's optional methods, looked up once rather than every step (None: not offered)
+        self._fill_masks = getattr(matcher, "fill_masks", None)  # batch fill of many rows
+        self._accept_many = getattr(matcher, "accept_tokens", None)
+        self._is_error = getattr(matcher, "is_error", None)
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, remaining_tokens: int) -> None:
         # bitmask: (batch, >= words) int32 on the CPU; words past our vocabulary stay disallowed
@@ -62,13 +67,14 @@ class GrammarConstraint:
         batched: dict[object, list] = {}  # backend batch fill -> [(constraint, row)]
         first: dict[tuple[int, int], tuple] = {}  # (grammar, state) -> (constraint, row) computing it
         copies = []  # (constraint, row, source): misses whose state another row of this batch computes
-        narrow = []
+        narrow = []  # (constraint, row view, remaining): _narrow leaves the unrestricted ones alone
         for c, row, remaining in rows:
-            fill = getattr(c.matcher, "fill_masks", None) if bitmask.shape[1] == c.words else None
+            fill = c._fill_masks if bitmask.shape[1] == c.words else None
             if fill is None:
                 c.fill_bitmask(bitmask, row, remaining)
                 continue
-            if not c._from_cache(bitmask[row]):
+            own = bitmask[row]
+            if not c._from_cache(own):
                 key = (id(c.grammar), c.cursor.state) if c.grammar is not None else None
                 if key in first:
                     copies.append((c, row, first[key]))
@@ -77,8 +83,7 @@ class GrammarConstraint:
                         first[key] = (c, row)
                     c._sync()
                     batched.setdefault(fill, []).append((c, row))
-            if not c.cursor.unrestricted(remaining):
-                narrow.append((c, row, remaining))
+            narrow.append((c, own, remaining))
         for fill, items in batched.items():
             fill(bitmask, [(c.matcher, row) for c, row in items])
             for c, row in items:
@@ -89,8 +94,8 @@ class GrammarConstraint:
                 c.matcher.fill_mask(bitmask[row])
             else:
                 bitmask[row].copy_(bitmask[src_row])
-        for c, row, remaining in narrow:
-            c._narrow(bitmask[row], remaining)
+        for c, own, remaining in narrow:
+            c._narrow(own, remaining)
 
     def _from_cache(self, own: torch.Tensor) -> bool:
         if self.grammar is None:
@@ -106,17 +111,15 @@ class GrammarConstraint:
             mask_cache().put(self.grammar, self.cursor.state, own.numpy().view(np.uint32))
 
     def _failed(self) -> bool:
-        failed = getattr(self.matcher, "is_error", None)
-        return failed is not None and failed()
+        return self._is_error is not None and self._is_error()
 
     def _sync(self) -> None:
         # the matcher catches up with the cursor (one call for all waiting tokens where it can)
         if not self.pending:
             return
         tokens, self.pending = self.pending, []
-        many = getattr(self.matcher, "accept_tokens", None)
-        if many is not None:
-            many(tokens)
+        if self._accept_many is not None:
+            self._accept_many(tokens)
             return
         for t in tokens:
             if not self.matcher.accept_token(t):
@@ -125,14 +128,15 @@ class GrammarConstraint:
     def accept_token(self, token_id: int) -> bool:
         if self.done:
             return False
+        state = self.cursor.next_state(token_id)
         if self.grammar is None:
             if not self.matcher.accept_token(token_id):
                 return False
-        elif self.cursor.next_state(token_id) == self.cursor.auto.n_states:
+        elif state == self.cursor.auto.n_states:
             return False  # outside the grammar (the exact DFA says so without the matcher)
         else:
             self.pending.append(token_id)
-        self.cursor.advance(token_id)
+        self.cursor.advance_to(state)
         if token_id == self.vocab.eos_id:
             self.done = True
         return True
@@ -175,11 +179,10 @@ class GrammarConstraint:
 class GrammarConstraintFactory:
     """engine.sampling_params.ConstraintFactory: ready() once both compiles finished."""
 
-    def __init__(self, budget: Future, grammar: Future, vocab: TokenVocab, mode: str, exact: bool = False):
+    def __init__(self, budget: Future, grammar: Future, vocab: TokenVocab, exact: bool = False):
         self._budget = budget  # Future[BudgetAutomaton]
         self._grammar = grammar  # Future[CompiledGrammar]
         self.vocab = vocab
-        self.mode = mode
         self.exact = exact  # the budget DFA compiles the backend's own regex: masks are cached by its state
 
     def ready(self) -> bool:

@@ -139,9 +139,6 @@ class LLGuidanceMatcher:
     def rollback(self, num_tokens: int) -> None:
         self.m.rollback(num_tokens)
 
-    def is_finished(self) -> bool:
-        return self.m.is_stopped()
-
 
 class LLGuidanceGrammar:
     def __init__(self, first: llguidance.LLMatcher, make: object, eos_id: int):

@@ -34,9 +34,6 @@ class OutlinesMatcher:
     def rollback(self, num_tokens: int) -> None:
         self.guide.rollback_state(num_tokens)
 
-    def is_finished(self) -> bool:
-        return self.guide.is_finished()
-
 
 class OutlinesGrammar:
     def __init__(self, index: Index, start_token: int):

@@ -36,7 +36,6 @@ class GrammarSpec:
     regex: str  # what the backends compile
     budget_regex: str  # what the budget automaton compiles: same language, up to free text
     mode: str  # none | auto | required | named:<fn> | json_object | json_schema
-    tool_names: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -133,18 +132,18 @@ def grammar_spec(
     if choice == "none":
         if content_mode == "none" and not fns:
             return None
-        return GrammarSpec(content, budget_content, content_mode, tuple(names))
+        return GrammarSpec(content, budget_content, content_mode)
     if choice == "named":
         if named not in names:
             raise ValueError(f"tool_choice names function {named!r}, which is not among the tools {names}")
         fn = fns[names.index(named)]
         call = _call_regex(named, fn.get("parameters"))
-        return GrammarSpec(call, call, f"named:{named}", tuple(names))
+        return GrammarSpec(call, call, f"named:{named}")
     one = "|".join(_call_regex(f["name"], f.get("parameters")) for f in fns)
     one = f"(?:{one})"
     calls = one if parallel_tool_calls is False else f"{one}(?:\\n{one})*"
     if choice == "required":
-        return GrammarSpec(calls, calls, "required", tuple(names))
+        return GrammarSpec(calls, calls, "required")
     if content_mode == "none":
-        return GrammarSpec(f"{content}(?:{calls})?", f"{budget_content}(?:{calls})?", "auto", tuple(names))
-    return GrammarSpec(f"(?:{content}|{calls})", f"(?:{content}|{calls})", "auto", tuple(names))
+        return GrammarSpec(f"{content}(?:{calls})?", f"{budget_content}(?:{calls})?", "auto")
+    return GrammarSpec(f"(?:{content}|{calls})", f"(?:{content}|{calls})", "auto")

@@ -61,17 +61,17 @@ class TokenVocab:
     def byte_lengths(self) -> np.ndarray:  # (n_tokens,) int32
         return np.fromiter((len(b) for b in self.token_bytes), dtype=np.int32, count=self.n_tokens)
 
-    def ids_to_bitmask(self, ids) -> torch.Tensor:
-        """(mask_words,) int32 bitmask with the given ids set."""
-        bits = np.zeros(self.mask_words * 32, dtype=bool)
-        bits[np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids, dtype=np.int64)] = True
-        return bools_to_bitmask(bits)
-
 
 def bools_to_bitmask(bits: np.ndarray) -> torch.Tensor:
     """(k*32,) bool -> (k,) int32 bitmask, bit j of word i = token 32*i + j."""
     packed = np.packbits(bits.reshape(-1, 32), axis=1, bitorder="little")  # (k, 4) uint8
     return torch.from_numpy(packed.copy().view(np.int32).reshape(-1))
+
+
+def allowed_ids(bitmask_row: torch.Tensor, vocab_size: int) -> np.ndarray:
+    """(words,) int32 CPU bitmask row -> the allowed token ids below vocab_size, ascending."""
+    bits = np.unpackbits(bitmask_row.numpy().view(np.uint8), bitorder="little")
+    return np.flatnonzero(bits[:vocab_size])
 
 
 _cache: dict[tuple, tuple[object, TokenVocab]] = {}

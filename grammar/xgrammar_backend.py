@@ -28,9 +28,6 @@ class XGrammarMatcher:
     def rollback(self, num_tokens: int) -> None:
         self.m.rollback(num_tokens)
 
-    def is_finished(self) -> bool:
-        return self.m.is_terminated()
-
 
 class XGrammarGrammar:
     def __init__(self, compiled: xgrammar.CompiledGrammar):

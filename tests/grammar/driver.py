@@ -13,7 +13,7 @@ import re
 import numpy as np
 import torch
 
-from grammar.vocab import TokenVocab
+from grammar.vocab import TokenVocab, allowed_ids  # allowed_ids: tests import it from here
 
 OPEN_ID, CLOSE_ID = 151657, 151658
 CALL_RE = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.S)
@@ -27,11 +27,6 @@ class RandomLogits:
 
     def row(self, step: int, shift: int) -> np.ndarray:
         return np.roll(self.table[(step + shift) % len(self.table)], shift)
-
-
-def allowed_ids(bitmask_row: torch.Tensor, vocab_size: int) -> np.ndarray:
-    bits = np.unpackbits(bitmask_row.numpy().view(np.uint8), bitorder="little")
-    return np.flatnonzero(bits[:vocab_size])
 
 
 def decode(factory, vocab: TokenVocab, max_tokens: int, logits: RandomLogits, open_bias: float = 0.0,

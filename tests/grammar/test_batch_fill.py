@@ -5,14 +5,12 @@ wider than the grammar's vocabulary, rollback, and matcher errors."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
 
 from grammar.api import build_constraint
-from grammar.bench import G1_TOOLS
+from grammar.bench import g1_tools
 from grammar.constraint import GrammarConstraint
 from grammar.mask_cache import mask_cache
 from tests.grammar.driver import OPEN_ID, RandomLogits, allowed_ids
@@ -20,7 +18,7 @@ from tests.grammar.driver import OPEN_ID, RandomLogits, allowed_ids
 
 def _lockstep(tok, vocab, backend: str, width: int, rows: int = 12, steps: int = 60) -> int:
     """Drives `rows` requests twice in lockstep (batch fill vs row by row); returns rows narrowed."""
-    tools = json.loads(G1_TOOLS.read_text())["tools"]
+    tools = g1_tools()
     f = build_constraint(
         tok, tools=tools, tool_choice="required", max_tokens=512, vocab_size=vocab.vocab_size, backend=backend
     ).wait()
@@ -74,7 +72,7 @@ def test_backend_without_batch_fill(tok, vocab):
 
 
 def test_matcher_error_ends_with_eos(tok, vocab):
-    tools = json.loads(G1_TOOLS.read_text())["tools"]
+    tools = g1_tools()
     f = build_constraint(
         tok, tools=tools, tool_choice="required", max_tokens=512, vocab_size=vocab.vocab_size
     ).wait()
@@ -91,7 +89,7 @@ def test_matcher_error_ends_with_eos(tok, vocab):
 
 
 def test_rollback_with_waiting_tokens(tok, vocab):
-    tools = json.loads(G1_TOOLS.read_text())["tools"]
+    tools = g1_tools()
     f = build_constraint(
         tok, tools=tools, tool_choice="required", max_tokens=512, vocab_size=vocab.vocab_size
     ).wait()
@@ -127,5 +125,5 @@ def test_slices_fit_our_strings():
     from grammar.llguidance_backend import _STRING_CHAR, SLICES
     from grammar.tools import grammar_spec
 
-    spec = grammar_spec(json.loads(G1_TOOLS.read_text())["tools"], "required", True)
+    spec = grammar_spec(g1_tools(), "required", True)
     assert _STRING_CHAR in spec.regex and any(s.startswith(_STRING_CHAR) for s in SLICES)

@@ -3,7 +3,6 @@ invariant D(state) <= remaining at every step, and only shortest-path tokens onc
 
 from __future__ import annotations
 
-import json
 import random
 
 import jsonschema
@@ -11,17 +10,13 @@ import numpy as np
 import pytest
 
 from grammar.api import build_constraint
-from grammar.bench import G1_TOOLS
+from grammar.bench import g1_tools
 from grammar.budget import BudgetCursor
 from tests.grammar.conftest import MODEL_VOCAB
 from tests.grammar.driver import RandomLogits, allowed_ids, decode, split_output
 from tests.grammar.schemas import tool_set
 
 V = MODEL_VOCAB
-
-
-def _g1_tools():
-    return json.loads(G1_TOOLS.read_text())["tools"]
 
 
 def _checker(max_tokens: int, stats: dict):
@@ -55,7 +50,7 @@ def _validate(tok, tools, ids, max_tokens, eos):
 
 
 def test_g1_below_minimum_is_an_error(tok, vocab):
-    tools = _g1_tools()
+    tools = g1_tools()
     f = build_constraint(tok, tools=tools, tool_choice="required", max_tokens=512, vocab_size=V)
     need = f.min_tokens
     assert 10 < need < 40
@@ -65,7 +60,7 @@ def test_g1_below_minimum_is_an_error(tok, vocab):
 
 
 def test_g1_at_the_minimum_and_just_above(tok, vocab):
-    tools = _g1_tools()
+    tools = g1_tools()
     f = build_constraint(tok, tools=tools, tool_choice="required", max_tokens=512, vocab_size=V)
     f.wait()
     logits = RandomLogits(MODEL_VOCAB, seed=11)
@@ -99,7 +94,7 @@ def test_random_tool_sets_tight_budgets(tok, vocab):
 
 
 def test_budget_leaves_the_mask_alone_far_from_the_limit(tok, vocab):
-    f = build_constraint(tok, tools=_g1_tools(), tool_choice="required", max_tokens=512, vocab_size=V)
+    f = build_constraint(tok, tools=g1_tools(), tool_choice="required", max_tokens=512, vocab_size=V)
     f.wait()
     c = f.new()
     import torch

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from grammar.api import build_constraint
-from grammar.bench import G1_TOOLS, run_g1
+from grammar.bench import g1_tools, run_g1
 from tests.grammar.driver import split_output
 
 
@@ -23,7 +23,7 @@ def llm(tiny_qwen3):
 def test_required_calls_through_the_engine(llm):
     from engine.sampling_params import SamplingParams
 
-    tools = json.loads(G1_TOOLS.read_text())["tools"]
+    tools = g1_tools()
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
     vocab_size = llm.core.vocab_size
     prompts = [[(7 * i + j) % 5000 for j in range(24)] for i in range(6)]
@@ -78,7 +78,7 @@ def test_overlapped_steps_equal_synchronous(tiny_qwen3):
     from engine.llm import LLM
     from engine.sampling_params import SamplingParams
 
-    tools = json.loads(G1_TOOLS.read_text())["tools"]
+    tools = g1_tools()
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
     kw = dict(device="cpu", dtype="float32", num_kv_blocks=128, block_size=16)
     sync = LLM(str(tiny_qwen3), async_scheduling=False, **kw)
