@@ -28,18 +28,10 @@ def _stub_device_work(core, seed: int) -> None:
     state = {"at": 0}
 
     def execute(batch, pending=None):
-        _, _, _, sample_rows = runner.prepare(batch, pending)
-        if not sample_rows:
+        step = runner.prepare(batch, pending)
+        if not step.sampling:
             return None, []
-        if batch.num_decodes == len(batch.seqs):
-            sampling = list(range(len(batch.seqs)))  # the decode graph's answer
-        else:
-            sampling = [
-                i
-                for i, (s, n) in enumerate(zip(batch.seqs, batch.num_new_tokens, strict=True))
-                if s.num_computed_tokens + n == s.num_tokens
-            ]
-        return torch.zeros((len(sampling), 1)), sampling
+        return torch.zeros((len(step.sampling), 1)), step.sampling
 
     def sample(logits, seqs):
         at = state["at"]

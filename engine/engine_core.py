@@ -204,7 +204,7 @@ class EngineCore:
                 outputs += self._finish(prev)
             return outputs
         self.num_steps += 1
-        for seq in batch.seqs:
+        for seq in batch.seqs[batch.num_decodes :]:  # a sequence's first step is always a prefill
             if seq.constraint is None and seq.params.constraint is not None:
                 seq.constraint = seq.params.constraint.new()
         logits, sampling = self.runner.execute(batch, prev.token_ids if prev is not None else None)

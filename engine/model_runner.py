@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -76,9 +77,7 @@ class ModelRunner:
             raise ValueError("not enough memory for a single KV block; lower max_model_len or add memory")
         return int(blocks)
 
-    def prepare(
-        self, batch: ScheduledBatch, pending: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+    def prepare(self, batch: ScheduledBatch, pending: torch.Tensor | None = None) -> StepInputs:
         """The step's tensors, moved in one host-to-device copy per dtype. Decodes (one token each,
         the last of their sequence) are built a column at a time with numpy; block tables come from
         a host copy that only learns the blocks gained since the last step."""
@@ -99,6 +98,7 @@ class ModelRunner:
         pend_at = np.flatnonzero(d_ids == PENDING)  # batch positions whose token is still on the device
         pend_rows = np.array([dec[i].pending_row for i in pend_at.tolist()], dtype=np.int64)
         sample_rows = list(range(nd))  # rows of the step's tokens whose logits are sampled
+        sampling = list(range(nd))  # ... and the batch positions of their sequences
 
         # prefill chunks: (num_prefill_tokens,) each
         p_ids: list[int] = []
@@ -107,7 +107,7 @@ class ModelRunner:
         p_pend_rows: list[int] = []
         if pre:
             p_start: list[int] = []
-            for seq, n in zip(pre, q_lens, strict=True):
+            for i, (seq, n) in enumerate(zip(pre, q_lens, strict=True)):
                 start = seq.num_computed_tokens
                 p_start.append(start)
                 p_ids.extend(seq.token_ids[start : start + n])
@@ -117,6 +117,7 @@ class ModelRunner:
                     p_pend_rows.append(seq.pending_row)
                 if start + n == len(seq.token_ids):
                     sample_rows.append(at)
+                    sampling.append(nd + i)
             q = np.array(q_lens, dtype=np.int64)
             cu = np.zeros(len(pre) + 1, dtype=np.int64)  # (num_prefills + 1,)
             np.cumsum(q, out=cu[1:])
@@ -164,15 +165,15 @@ class ModelRunner:
                 raise RuntimeError("a scheduled token is still in flight but no previous step was given")
             where = t[h_pend]
             ids.index_copy_(0, where[:k], pending.index_select(0, where[k:]))
-        self.sample_rows = t[h_rows]  # (num_sampling,) rows of the hidden states to project
-        return ids, t[h_pos], meta, sample_rows
+        return StepInputs(ids, t[h_pos], meta, sample_rows, t[h_rows], sampling)
 
     @torch.inference_mode()
     def execute(
         self, batch: ScheduledBatch, pending: torch.Tensor | None = None
     ) -> tuple[torch.Tensor | None, list[int]]:
         """Runs one step; returns (logits (num_sampling, vocab) float32, the batch indices that sample)."""
-        input_ids, positions, meta, sample_rows = self.prepare(batch, pending)
+        step = self.prepare(batch, pending)
+        input_ids, positions, meta = step.input_ids, step.positions, step.meta
         bs = len(batch.seqs)
         if (
             self.graphs is not None
@@ -182,7 +183,7 @@ class ModelRunner:
             logits = self.graphs.run(
                 input_ids, positions, meta.slot_mapping, meta.decode_block_tables, meta.decode_seq_lens
             )
-            return logits, list(range(bs))
+            return logits, step.sampling
         if (
             self.extend_graphs is not None
             and bs == 1
@@ -197,19 +198,22 @@ class ModelRunner:
                 meta.prefill_cu_seqlens_q,
                 meta.prefill_seq_lens,
             )
-            return (logits, [0]) if sample_rows else (None, [])
+            return (logits, step.sampling) if step.sampling else (None, [])
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
-        if not sample_rows:
+        if not step.sampling:
             return None, []
-        rows = self.sample_rows
-        logits = self.model.compute_logits(hidden.index_select(0, rows))
-        # which scheduled sequences sample: those whose last token was in this step
-        sampling = [
-            i
-            for i, (s, n) in enumerate(zip(batch.seqs, batch.num_new_tokens, strict=True))
-            if s.num_computed_tokens + n == s.num_tokens
-        ]
-        return logits, sampling
+        return self.model.compute_logits(hidden.index_select(0, step.rows)), step.sampling
+
+
+class StepInputs(NamedTuple):
+    """What prepare() builds for one step (tensors on the runner's device)."""
+
+    input_ids: torch.Tensor  # (num_tokens,) int64: decodes first, then the prefill chunks
+    positions: torch.Tensor  # (num_tokens,) int64
+    meta: AttentionMetadata
+    sample_rows: list[int]  # token rows whose logits are sampled (each a sequence's last token)
+    rows: torch.Tensor  # (num_sampling,) the same rows on the device
+    sampling: list[int]  # batch positions of the sequences that sample, in row order
 
 
 class _Upload:

@@ -71,10 +71,14 @@ def test_prepare_matches_the_per_token_rule():
             continue
         steps += 1
         want = expected(batch, bs, sampled)
-        ids, pos, meta, rows = runner.prepare(batch, sampled)
+        ids, pos, meta, rows, rows_t, sampling = runner.prepare(batch, sampled)
         assert ids.tolist() == want["ids"] and pos.tolist() == want["pos"]
         assert meta.slot_mapping.tolist() == want["slots"]
-        assert rows == want["rows"] == runner.sample_rows.tolist()
+        assert rows == want["rows"] == rows_t.tolist()
+        assert sampling == [
+            i for i, (s, n) in enumerate(zip(batch.seqs, batch.num_new_tokens, strict=True))
+            if s.num_computed_tokens + n == s.num_tokens
+        ]  # fmt: skip
         assert meta.num_decodes == batch.num_decodes
         if "dec_table" in want:
             assert meta.decode_block_tables.dtype == torch.int32
@@ -128,6 +132,6 @@ def test_a_prefill_chunk_ending_in_a_token_in_flight_is_patched():
     for s in (a, b):
         sched.add(s)
     batch = sched.schedule()
-    ids, _, meta, rows = bare_runner(bs, 4).prepare(batch, torch.tensor([100, 101, 102]))
+    ids, _, meta, rows, _, _ = bare_runner(bs, 4).prepare(batch, torch.tensor([100, 101, 102]))
     assert ids.tolist() == [5, 6, 7, 8, 9, 10, 11, 12, 102]
     assert rows == [2, 8] and meta.prefill_cu_seqlens_q.tolist() == [0, 3, 9]
