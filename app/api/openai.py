@@ -107,7 +107,9 @@ async def completions(body: CompletionRequest, request: Request, serving: Servin
             text, _ = serving.token_text(item.token_id)
             tokens.append(text)
             lps.append(finite_logprob(item.logprob))
-            tops.append({serving.token_text(t)[0]: lp for t, lp in (item.top or [])[: body.logprobs]})
+            tops.append(
+                {serving.token_text(t)[0]: finite_logprob(lp) for t, lp in (item.top or [])[: body.logprobs]}
+            )
             offsets.append(offset)
             offset += len(text)
         return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
