@@ -97,3 +97,40 @@ def test_gpu_dispatch_linear():
     assert (got.float() - expect).abs().max().item() < 1e-2 * expect.abs().max().item()
     x32, w32 = x.float(), w.float()  # fp32 stays on cuBLAS: bit-equal to F.linear
     assert torch.equal(ops.linear(x32, w32), torch.nn.functional.linear(x32, w32))
+
+
+def test_prefetch_is_a_hint_in_the_interpreter():
+    # the interpreter has no inline PTX: a `prefetch` tensor is accepted, nothing else changes
+    from kernels.gemv import _prefetch_args
+
+    x, w, nxt = torch.randn(1, 64), torch.randn(32, 64), torch.randn(48, 64)
+    assert torch.equal(gemv(x, w, config=FMA, prefetch=nxt), gemv(x, w, config=FMA))
+    assert _prefetch_args(x, nxt, 4)[1] == 0
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+@gpu
+def test_gpu_gemv_prefetch_modes_change_nothing(mode, monkeypatch):
+    # line (1) and bulk (2) L2 prefetches of the next weights: results bit-equal to no prefetch, eager
+    # and in a CUDA graph; the prefetched span is capped
+    from kernels import gemv as g
+
+    x = _randn(1, 1024, dtype=torch.bfloat16, device="cuda")
+    w = _randn(4096, 1024, dtype=torch.bfloat16, device="cuda", seed=1)
+    nxt = _randn(20 << 20, dtype=torch.bfloat16, device="cuda", seed=2)  # 40 MB: over the cap
+    expect = gemv(x, w)
+    monkeypatch.setattr(g, "PREFETCH_MODE", mode)
+    ptr, chunks, meta = g._prefetch_args(x, nxt, 2)
+    assert ptr is nxt and meta["PREFETCH"] == mode and chunks * meta["PF_BYTES"] == g.PREFETCH_MAX_BYTES
+    assert torch.equal(gemv(x, w, prefetch=nxt), expect)
+    gu = _randn(1, 6144, dtype=torch.bfloat16, device="cuda", seed=3)
+    wd = _randn(1024, 3072, dtype=torch.bfloat16, device="cuda", seed=4)
+    assert torch.equal(gemv(gu, wd, silu_mul=True, prefetch=w), gemv(gu, wd, silu_mul=True))
+    out = torch.empty_like(expect)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gemv(x, w, out=out, prefetch=nxt[: 1 << 20])
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expect)
