@@ -248,28 +248,20 @@ def _gemv_fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None)
     )
 
 
-def linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    prefetch: torch.Tensor | None = None,
-) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (..., K) @ weight (N, K)^T + bias: on CUDA the Triton GEMV for decode-sized 16-bit batches (the
     shapes where it beats cuBLAS, kernels.gemv.use_gemv); else F.linear. fp32 stays on F.linear
-    (bit-equal to HF). `prefetch`: the weights the next projection reads, which the GEMV asks L2 for."""
+    (bit-equal to HF)."""
     if _gemv_fits(x, weight, bias):
         from kernels import gemv
 
         if gemv.use_gemv(x.shape[0], weight.shape[0], weight.shape[1]):
-            return gemv.gemv(x, weight, bias, prefetch=prefetch)
+            return gemv.gemv(x, weight, bias)
     return ref.linear(x, weight, bias)
 
 
 def silu_and_mul_linear(
-    gate_up: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    prefetch: torch.Tensor | None = None,  # see `linear`
+    gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """linear(silu_and_mul(gate_up), weight, bias): gate_up (M, 2K), weight (N, K). Where the Triton GEMV
     runs (see `linear`), it computes the activation as it reads its input: one launch, not two."""
@@ -277,7 +269,7 @@ def silu_and_mul_linear(
         from kernels import gemv
 
         if gemv.use_gemv(gate_up.shape[0], weight.shape[0], weight.shape[1]):
-            return gemv.gemv(gate_up, weight, bias, silu_mul=True, prefetch=prefetch)
+            return gemv.gemv(gate_up, weight, bias, silu_mul=True)
     return linear(silu_and_mul(gate_up), weight, bias)
 
 
@@ -288,7 +280,6 @@ def add_rms_norm_linear(
     eps: float,
     weight: torch.Tensor,  # (N, K)
     bias: torch.Tensor | None = None,  # (N,)
-    prefetch: torch.Tensor | None = None,  # see `linear`
 ) -> tuple[torch.Tensor, torch.Tensor]:  # y (M, N), new residual (M, K)
     """(linear(rms_norm(x + residual)), x + residual), or (linear(rms_norm(x)), x) without a residual.
     Where `linear` would take the Triton GEMV, one launch: the GEMV normalizes its input as it reads it.
@@ -301,8 +292,7 @@ def add_rms_norm_linear(
         from kernels import gemv
 
         if gemv.use_gemv(x.shape[0], weight.shape[0], weight.shape[1]):
-            nw = norm_weight.contiguous()
-            return gemv.add_rms_norm_gemv(x, residual, nw, eps, weight, bias, prefetch=prefetch)
+            return gemv.add_rms_norm_gemv(x, residual, norm_weight.contiguous(), eps, weight, bias)
     if not use_triton(x):
         return ref.add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
     if residual is None:

@@ -23,7 +23,6 @@ reference.rms_norm rounds; program 0 writes x + residual to a new tensor.
 from __future__ import annotations
 
 import functools
-import os
 from typing import NamedTuple
 
 import torch
@@ -51,8 +50,6 @@ def _gemv_fma_kernel(
     r_ptr,  # (M, K) residual, row stride stride_r; unused unless HAS_RESIDUAL
     nw_ptr,  # (K,) RMSNorm weight; unused unless NORM
     r_out_ptr,  # (M, K) contiguous: x + residual, written by program 0; unused unless HAS_RESIDUAL
-    pf_ptr,  # the next projection's weights, prefetched into L2; unused unless PREFETCH
-    pf_chunks,  # PREFETCH: chunks of PF_CHUNK elements to prefetch, shared out over the programs
     M,
     N,
     K,
@@ -67,32 +64,11 @@ def _gemv_fma_kernel(
     NORM: tl.constexpr,  # multiply by rms_norm(x (+ residual)) (reference.add_rms_norm_linear)
     HAS_RESIDUAL: tl.constexpr,
     NORM_BLOCK: tl.constexpr,  # K step of the sum-of-squares pass
-    PREFETCH: tl.constexpr,  # 0 off, 1 one L2 prefetch per chunk (128 bytes), 2 bulk prefetches
-    PF_CHUNK: tl.constexpr,  # elements per prefetched chunk
-    PF_BYTES: tl.constexpr,  # bytes per prefetched chunk
-    PF_LANES: tl.constexpr,  # chunks per prefetch round: one per thread
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    if PREFETCH != 0:  # issued first, not waited for: the next launch finds its weights in L2
-        per = tl.cdiv(pf_chunks, tl.num_programs(0))
-        lo = pid * per
-        hi = tl.minimum(lo + per, pf_chunks)
-        for c0 in range(lo, hi, PF_LANES):
-            chunk = tl.minimum(c0 + tl.arange(0, PF_LANES), hi - 1).to(tl.int64)  # a repeat is harmless
-            if PREFETCH == 1:
-                tl.inline_asm_elementwise(
-                    "prefetch.global.L2::evict_last [$1]; // $0", "=r,l", [pf_ptr + chunk * PF_CHUNK],
-                    dtype=tl.int32, is_pure=False, pack=1,
-                )  # fmt: skip
-            else:
-                nbytes = tl.full((PF_LANES,), PF_BYTES, tl.int32)
-                tl.inline_asm_elementwise(
-                    "cp.async.bulk.prefetch.L2.global [$1], $2; // $0", "=r,l,r",
-                    [pf_ptr + chunk * PF_CHUNK, nbytes], dtype=tl.int32, is_pure=False, pack=1,
-                )  # fmt: skip
     rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -117,8 +93,8 @@ def _gemv_fma_kernel(
     x_ptrs = x_ptr + rm[:, None] * stride_x + rk[None, :]  # (BLOCK_M, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        if EVEN:  # with PREFETCH, W leaves L2 first: the next projection's weights are arriving there
-            w = tl.load(w_ptrs, eviction_policy="evict_first" if PREFETCH != 0 else "")
+        if EVEN:
+            w = tl.load(w_ptrs)
             x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
         else:
             mask_k = (k0 + rk) < K
@@ -297,31 +273,6 @@ def choose_config(m: int, n: int, k: int, device: torch.device) -> GemvConfig:
     return _heuristic(m, n, k, _sm_count(device.index or 0) if device.type == "cuda" else 4)
 
 
-# Prefetching the next projection's weights (`prefetch=`): at batch 1 a decode step is ~110 GEMVs of
-# 4-13 MB, each too short to reach full bandwidth on its own (launch gap, ramp-up, tail). Each launch asks
-# L2 for the next one's weights (up to PREFETCH_MAX_BYTES of them) before streaming its own, so HBM
-# keeps streaming across launch boundaries. CHATLOOM_GEMV_PREFETCH: "line" (default), "bulk" or "0".
-PREFETCH_MODES = {"0": 0, "off": 0, "line": 1, "bulk": 2}
-PREFETCH_MODE = PREFETCH_MODES.get(os.environ.get("CHATLOOM_GEMV_PREFETCH", "line").lower(), 1)
-PREFETCH_MAX_BYTES = 16 << 20
-PREFETCH_LINE = 128  # bytes per prefetch instruction in "line" mode (an L2 line)
-PREFETCH_BULK = 4096  # bytes per bulk prefetch
-
-
-def _prefetch_args(
-    x: torch.Tensor, prefetch: torch.Tensor | None, num_warps: int
-) -> tuple[torch.Tensor, int, dict]:
-    """A launch's prefetch arguments: the next weights, their chunk count, the constexprs."""
-    mode = PREFETCH_MODE if prefetch is not None and prefetch.is_contiguous() else 0
-    if mode == 0 or is_interpreting(x) or prefetch.numel() == 0:  # the interpreter has no inline PTX
-        return x, 0, dict(PREFETCH=0, PF_CHUNK=1, PF_BYTES=1, PF_LANES=1)
-    nbytes = PREFETCH_LINE if mode == 1 else PREFETCH_BULK
-    size = prefetch.element_size()
-    total = min(prefetch.numel() * size, PREFETCH_MAX_BYTES)
-    meta = dict(PREFETCH=mode, PF_CHUNK=nbytes // size, PF_BYTES=nbytes, PF_LANES=32 * num_warps)
-    return prefetch, total // nbytes, meta
-
-
 def _checked_out(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None, k_x: int
 ) -> torch.Tensor:  # (M, N): `out`, or a new tensor
@@ -356,7 +307,6 @@ def gemv(
     config: GemvConfig | None = None,
     out: torch.Tensor | None = None,  # (M, N) of x's dtype
     silu_mul: bool = False,  # x is a fused gate_up (M, 2K): computes silu_and_mul(x) @ W^T
-    prefetch: torch.Tensor | None = None,  # the next projection's weights: prefetched into L2 (fma path)
 ) -> torch.Tensor:  # (M, N)
     if silu_mul:
         if x.dim() != 2 or x.shape[1] != 2 * weight.shape[-1]:
@@ -365,7 +315,7 @@ def gemv(
         if cfg.path != "fma":  # the tensor-core path reads x tiles as they are: activate first
             from kernels.activation import silu_and_mul
 
-            return gemv(silu_and_mul(x), weight, bias, config, out, prefetch=prefetch)
+            return gemv(silu_and_mul(x), weight, bias, config, out)
     out = _checked_out(x, weight, bias, out, weight.shape[-1] * (2 if silu_mul else 1))
     m = x.shape[0]
     n, k = weight.shape
@@ -378,12 +328,11 @@ def gemv(
     has_bias = bias is not None
     if cfg.path == "fma":
         even = n % cfg.block_n == 0 and k % cfg.block_k == 0
-        pf_ptr, pf_chunks, pf = _prefetch_args(x, prefetch, cfg.num_warps)
         _gemv_fma_kernel[(triton.cdiv(n, cfg.block_n),)](
-            x, weight, b, out, weight, weight, weight, pf_ptr, pf_chunks, m, n, k, x.stride(0),
-            weight.stride(0), out.stride(0), 0, 0.0,
+            x, weight, b, out, weight, weight, weight, m, n, k, x.stride(0), weight.stride(0),
+            out.stride(0), 0, 0.0,
             HAS_BIAS=has_bias, EVEN=even, SILU_MUL=silu_mul, NORM=False, HAS_RESIDUAL=False, NORM_BLOCK=1,
-            BLOCK_M=next_pow2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **pf,
+            BLOCK_M=next_pow2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         return out
@@ -418,7 +367,6 @@ def add_rms_norm_gemv(
     bias: torch.Tensor | None = None,  # (N,)
     config: GemvConfig | None = None,
     out: torch.Tensor | None = None,  # (M, N) of x's dtype
-    prefetch: torch.Tensor | None = None,  # the next projection's weights: prefetched into L2 (fma path)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # y (M, N), new residual (M, K)
     """(rms_norm(x + residual) @ W^T + bias, x + residual), as reference.add_rms_norm_linear; residual
     None: (rms_norm(x) @ W^T + bias, x). One launch on the fma path; the inputs are never modified (the
@@ -439,20 +387,18 @@ def add_rms_norm_gemv(
         from kernels.rmsnorm import rms_norm
 
         new_residual = x if residual is None else x + residual
-        h = rms_norm(new_residual, norm_weight, eps)
-        return gemv(h, weight, bias, config, out, prefetch=prefetch), new_residual
+        return gemv(rms_norm(new_residual, norm_weight, eps), weight, bias, config, out), new_residual
     block_m = next_pow2(m)
     norm_block = min(next_pow2(k), max(cfg.block_k, NORM_TILE // block_m))
     if is_interpreting(x) and config is None:
         norm_block = min(norm_block, 64)
     new_residual = x if residual is None else torch.empty((m, k), dtype=x.dtype, device=x.device)
     r = residual if residual is not None else x  # a dummy pointer when HAS_RESIDUAL is off
-    pf_ptr, pf_chunks, pf = _prefetch_args(x, prefetch, cfg.num_warps)
     _gemv_fma_kernel[(triton.cdiv(n, cfg.block_n),)](
-        x, weight, bias if bias is not None else weight, out, r, norm_weight, new_residual, pf_ptr,
-        pf_chunks, m, n, k, x.stride(0), weight.stride(0), out.stride(0), r.stride(0), eps,
+        x, weight, bias if bias is not None else weight, out, r, norm_weight, new_residual, m, n, k,
+        x.stride(0), weight.stride(0), out.stride(0), r.stride(0), eps,
         HAS_BIAS=bias is not None, EVEN=n % cfg.block_n == 0 and k % cfg.block_k == 0, SILU_MUL=False,
         NORM=True, HAS_RESIDUAL=residual is not None, NORM_BLOCK=norm_block, BLOCK_M=block_m,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **pf, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out, new_residual

@@ -81,7 +81,6 @@ class Attention(nn.Module):
         cos_sin: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
-        prefetch: torch.Tensor | None = None,  # the weights read after o_proj (ops.linear)
     ) -> torch.Tensor:  # (num_tokens, hidden)
         o = attention_block(
             qkv, self.num_heads, self.num_kv_heads, self.head_dim,
@@ -89,7 +88,7 @@ class Attention(nn.Module):
             self.q_norm.eps if self.qk_norm else 0.0, positions, cos_sin, kv_cache, meta, self.scale,
             self.sliding_window,
         )  # fmt: skip
-        return ops.linear(o, self.o_proj.weight, self.o_proj.bias, prefetch=prefetch)
+        return ops.linear(o, self.o_proj.weight, self.o_proj.bias)
 
 
 def _layer_sliding_window(config, layer_idx: int) -> int | None:
@@ -123,10 +122,9 @@ class MLP(nn.Module):
         gate_up = ops.linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias)
         return self.forward_gate_up(gate_up)
 
-    def forward_gate_up(self, gate_up: torch.Tensor, prefetch: torch.Tensor | None = None) -> torch.Tensor:
-        # (num_tokens, 2 * intermediate), the gate_up projection's output -> (num_tokens, hidden);
-        # prefetch: the weights read next (ops.linear)
-        return ops.silu_and_mul_linear(gate_up, self.down_proj.weight, self.down_proj.bias, prefetch)
+    def forward_gate_up(self, gate_up: torch.Tensor) -> torch.Tensor:
+        # (num_tokens, 2 * intermediate), the gate_up projection's output -> (num_tokens, hidden)
+        return ops.silu_and_mul_linear(gate_up, self.down_proj.weight, self.down_proj.bias)
 
 
 class DecoderLayer(nn.Module):
@@ -137,23 +135,20 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, residual, positions, cos_sin, kv_cache, meta, next_weight=None):
+    def forward(self, x, residual, positions, cos_sin, kv_cache, meta):
         """x: (num_tokens, hidden), the previous layer's output (the embeddings for the first layer, where
         residual is None). Each (residual add +) RMSNorm runs inside the projection that reads it
-        (ops.add_rms_norm_linear): at decode batch sizes, one launch instead of two. Each projection
-        passes the weights of the next one as `prefetch` (next_weight: the first read after this layer)."""
+        (ops.add_rms_norm_linear): at decode batch sizes, one launch instead of two."""
         attn, mlp = self.self_attn, self.mlp
         norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
         qkv, residual = ops.add_rms_norm_linear(
-            x, residual, norm1.weight, norm1.eps, attn.qkv_proj.weight, attn.qkv_proj.bias,
-            prefetch=attn.o_proj.weight,
-        )  # (num_tokens, q_size + 2 * kv_size)  # fmt: skip
-        o = attn.forward_qkv(qkv, positions, cos_sin, kv_cache, meta, prefetch=mlp.gate_up_proj.weight)
+            x, residual, norm1.weight, norm1.eps, attn.qkv_proj.weight, attn.qkv_proj.bias
+        )  # (num_tokens, q_size + 2 * kv_size)
+        o = attn.forward_qkv(qkv, positions, cos_sin, kv_cache, meta)  # (num_tokens, hidden)
         gate_up, residual = ops.add_rms_norm_linear(
-            o, residual, norm2.weight, norm2.eps, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias,
-            prefetch=mlp.down_proj.weight,
-        )  # (num_tokens, 2 * intermediate)  # fmt: skip
-        return mlp.forward_gate_up(gate_up, prefetch=next_weight), residual
+            o, residual, norm2.weight, norm2.eps, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias
+        )  # (num_tokens, 2 * intermediate)
+        return mlp.forward_gate_up(gate_up), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -178,10 +173,8 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:  # (num_tokens, hidden)
         x = self.embed_tokens(input_ids)
         residual = None
-        last = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        nexts = [layer.self_attn.qkv_proj.weight for layer in self.layers[1:]] + [last]
-        for layer, kv, nxt in zip(self.layers, kv_caches, nexts, strict=True):
-            x, residual = layer(x, residual, positions, self.cos_sin, kv, meta, next_weight=nxt)
+        for layer, kv in zip(self.layers, kv_caches, strict=True):
+            x, residual = layer(x, residual, positions, self.cos_sin, kv, meta)
         x, _ = self.norm.forward_add(x, residual)
         return x
 

@@ -76,14 +76,6 @@ def _launches(dtype: torch.dtype):
             for res in (None, h1.clone()):  # the decode GEMVs at M = 1, the norm folded in or not
                 add_rms_norm_gemv(h1, res, w, 1e-6, wq)
             gemv(torch.randn(1, 6144).to(dtype), torch.randn(1024, 3072).to(dtype), silu_mul=True)
-            import kernels.gemv as gemv_module
-
-            saved = gemv_module.PREFETCH_MODE
-            for mode in (1, 2):  # the next weights prefetched into L2: per line, in bulk
-                gemv_module.PREFETCH_MODE = mode
-                add_rms_norm_gemv(h1, h1.clone(), w, 1e-6, wq, prefetch=wq)
-                gemv(h1, wq, prefetch=wq)
-            gemv_module.PREFETCH_MODE = saved
             apply_token_bitmask_(torch.randn(4, 1000), torch.zeros(4, 32, dtype=torch.int32), torch.arange(2))
     return launches
 
