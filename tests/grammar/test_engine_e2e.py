@@ -67,8 +67,9 @@ def test_json_schema_through_the_engine(llm):
 
 def test_g1_bench_smoke(llm):
     lines: list[str] = []
-    r = run_g1(llm, n_requests=4, prompt_len=16, max_tokens=128, out=lines.append)
+    r = run_g1(llm, n_requests=4, prompt_len=16, max_tokens=128, repeats=2, out=lines.append)
     assert r["valid"] == 4 and r["complete"] == 4
+    assert len(r["ratios"]) == 2 and r["ratio"] in r["ratios"]
     assert r["mask_us_per_token"] > 0 and r["compile_ms"] > 0
     assert any("ratio" in line for line in lines)
 
