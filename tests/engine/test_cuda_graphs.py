@@ -60,3 +60,47 @@ def test_padded_size():
     assert padded_size(sizes, 3) == 4 and padded_size(sizes, 17) == 24 and padded_size(sizes, 40) == 40
     assert padded_size(sizes, 41) is None
     assert cuda_graphs.default_extend_sizes(100) == [16, 32, 64]
+
+
+def test_decode_graphs_sample(monkeypatch):
+    # sampling graphs: one per size, over that size's logits; sample() replays the padded size's graph
+    # for the logits run() returned, uploads temperatures only when they change, and declines other
+    # logits (eager ones, or a batch whose temperatures do not match)
+    replays = []
+
+    class Graph(_Graph):
+        def replay(self) -> None:
+            replays.append(self.name)
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    class Model:
+        def __call__(self, ids, positions, kv_caches, meta):
+            return torch.zeros(ids.shape[0], 4)
+
+        def compute_logits(self, hidden):
+            logits = torch.zeros(hidden.shape[0], 50)
+            logits[:, 7] = 5.0
+            return logits
+
+    g = cuda_graphs.DecodeGraphs(Model(), [], [1, 4], 8, torch.device("cpu"), sample_seed=3)
+    assert sorted(g.sample_graphs) == [1, 4] and g.seed.dtype == torch.int32
+    one = torch.zeros(3, dtype=torch.int64)
+    logits = g.run(one, one, one, torch.zeros((3, 2), dtype=torch.int32), one.int())
+    replays.clear()
+    tokens = g.sample(logits, (0.0, 0.0, 0.0))
+    assert tokens is not None and tokens.shape == (3,) and len(replays) == 1
+    assert tokens.data_ptr() == g.sample_graphs[4][1].data_ptr()
+    assert torch.equal(tokens, torch.full((3,), 7))  # the eager warm-up run of the capture: greedy
+    assert g.temperatures[:3].tolist() == [0.0, 0.0, 0.0]
+    g.temperatures.fill_(9.0)
+    g.sample(logits, (0.0, 0.0, 0.0))  # same key: nothing uploaded
+    assert g.temperatures[0].item() == 9.0
+    g.sample(logits, (0.5, 0.0, 1.0))
+    assert g.temperatures[:3].tolist() == [0.5, 0.0, 1.0]
+    assert g.sample(logits.clone(), (0.0, 0.0, 0.0)) is None  # not the graph's output
+    assert g.sample(logits, (0.0, 0.0)) is None
+    plain = cuda_graphs.DecodeGraphs(Model(), [], [1], 8, torch.device("cpu"))
+    assert plain.sample_graphs == {} and plain.sample(plain.graphs[1][1], (0.0,)) is None
