@@ -132,10 +132,7 @@ class DecodeGraphs:
         if entry is None or logits.data_ptr() != self.graphs[size][1].data_ptr() or len(temperatures) != bs:
             return None
         if temperatures != self._temperatures_key:  # a steady batch uploads nothing
-            # through pinned memory: a pageable copy would wait for the running step
-            host = torch.tensor(temperatures, dtype=torch.float32)
-            cuda = self.temperatures.is_cuda
-            self.temperatures[:bs].copy_(host.pin_memory() if cuda else host, non_blocking=cuda)
+            self.temperatures[:bs].copy_(torch.tensor(temperatures, dtype=torch.float32))
             self._temperatures_key = temperatures
         graph, tokens = entry
         graph.replay()
