@@ -1,8 +1,6 @@
 """Steps captured in CUDA graphs, so a step costs one launch instead of hundreds:
 - DecodeGraphs: decode steps, one graph per batch size of a ladder; a batch is padded up to the next
-  captured size (padding rows write no K/V and attend to nothing). With `sample_seed`, a second graph
-  per size samples the step's logits (the fused temperature sampler, seeded from the device), so a
-  step of plain sampling rows costs two replays and no kernel launch;
+  captured size (padding rows write no K/V and attend to nothing);
 - ExtendGraphs: one sequence's prefill chunk (a new chat turn over its cached history), one graph per
   token count of a ladder; padding tokens write no K/V and belong to no sequence."""
 
@@ -53,15 +51,7 @@ def default_sizes(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(
-        self,
-        model,
-        kv_caches,
-        sizes: list[int],
-        max_blocks: int,
-        device: torch.device,
-        sample_seed: int | None = None,
-    ) -> None:
+    def __init__(self, model, kv_caches, sizes: list[int], max_blocks: int, device: torch.device) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.sizes = sorted(sizes)
@@ -72,17 +62,6 @@ class DecodeGraphs:
         self.block_tables = torch.zeros((n, max_blocks), dtype=torch.int32, device=device)
         self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
         self.graphs = capture_ladder(self.sizes, self._forward, "capturing CUDA graphs")
-        self.sample_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        if sample_seed is not None:
-            self.temperatures = torch.zeros(n, dtype=torch.float32, device=device)
-            self._temperatures_key: tuple[float, ...] | None = None
-            self.seed = torch.tensor([sample_seed & 0x7FFFFFFF], dtype=torch.int32, device=device)
-            self.sample_graphs = capture_ladder(self.sizes, self._sample, "capturing sampling graphs")
-
-    def _sample(self, bs: int) -> torch.Tensor:  # (bs,) int64: the tokens drawn from size bs's logits
-        from kernels.sampling import sample_tokens
-
-        return sample_tokens(self.graphs[bs][1], self.temperatures[:bs], self.seed)
 
     def _forward(self, bs: int) -> torch.Tensor:
         meta = AttentionMetadata(
@@ -122,21 +101,6 @@ class DecodeGraphs:
         graph, logits = self.graphs[size]
         graph.replay()
         return logits[:bs]
-
-    def sample(self, logits: torch.Tensor, temperatures: tuple[float, ...]) -> torch.Tensor | None:
-        """Tokens (bs,) for the logits that `run` just returned (unedited), drawn with these per-row
-        temperatures (0 = greedy) by replaying the sampling graph; None when that does not apply."""
-        bs = logits.shape[0]
-        size = self.padded_size(bs)
-        entry = self.sample_graphs.get(size)
-        if entry is None or logits.data_ptr() != self.graphs[size][1].data_ptr() or len(temperatures) != bs:
-            return None
-        if temperatures != self._temperatures_key:  # a steady batch uploads nothing
-            self.temperatures[:bs].copy_(torch.tensor(temperatures, dtype=torch.float32))
-            self._temperatures_key = temperatures
-        graph, tokens = entry
-        graph.replay()
-        return tokens[:bs]
 
 
 def default_extend_sizes(max_tokens: int) -> list[int]:

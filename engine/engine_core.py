@@ -81,7 +81,6 @@ class EngineCore:
         )
         self.eos_token_ids = _eos_ids(self.hf_config, self.tokenizer, config.model)
         self.sampler = Sampler(self.vocab_size, self.eos_token_ids, self.device, config.seed)
-        self.sampler.graphs = self.runner.graphs  # decode steps sample inside graphs (CUDA)
         self.requests: dict[str, list[Sequence]] = {}
         self.num_steps = 0
         overlap = config.async_scheduling

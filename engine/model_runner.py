@@ -49,7 +49,7 @@ class ModelRunner:
 
             sizes = config.cuda_graph_sizes or default_sizes(config.max_num_seqs)
             max_blocks = -(-model.cos_sin.shape[0] // self.block_size)  # max_model_len in blocks
-            self.graphs = DecodeGraphs(model, self.kv_caches, sizes, max_blocks, device, config.seed)
+            self.graphs = DecodeGraphs(model, self.kv_caches, sizes, max_blocks, device)
             limit = min(config.prefill_graph_max_tokens, config.max_num_batched_tokens)
             extend = default_extend_sizes(limit)
             if extend:

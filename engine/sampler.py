@@ -30,7 +30,6 @@ class Sampler:
         self._temps_key: tuple[float, ...] | None = None  # the fused sampler's last (batch,) temperatures
         self._temps: torch.Tensor | None = None
         self._bitmask: torch.Tensor | None = None  # (rows, words) int32, pinned on CUDA, reused
-        self.graphs = None  # engine.cuda_graphs.DecodeGraphs with sampling graphs, set by the engine
 
     def _bitmask_for(self, rows: int) -> torch.Tensor:
         # reused every step: the previous step's upload from it was waited for (its sampled tokens
@@ -78,16 +77,9 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """(batch, vocab) processed logits -> (batch,) token ids."""
-        plain = ops.use_triton(logits) and all(_plain(s) for s in seqs)
-        if plain and self.graphs is not None:
-            # logits of a decode graph (edited in place, if at all): its sampling graph draws them
-            key = tuple(0.0 if s.params.greedy else s.params.temperature for s in seqs)
-            tokens = self.graphs.sample(logits, key)
-            if tokens is not None:
-                return tokens
         if all(s.params.greedy for s in seqs):
             return logits.argmax(dim=-1)
-        if plain:
+        if ops.use_triton(logits) and all(_plain(s) for s in seqs):
             # fast path: temperature + exponential race + argmax in one pass (kernels.sampling); 0 = greedy
             key = tuple(0.0 if s.params.greedy else s.params.temperature for s in seqs)
             if key != self._temps_key:  # a steady batch reuses its device tensor: no upload per step

@@ -29,15 +29,11 @@ def _sample_chunk_kernel(
     stride_l,
     num_chunks,
     chunk,  # vocabulary entries per program, a multiple of BLOCK
-    seed,  # unless SEED_FROM_PTR
-    seed_ptr,  # (1,) int32 on the device: the seed, when SEED_FROM_PTR (a CUDA graph replays it)
-    SEED_FROM_PTR: tl.constexpr,
+    seed,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
     c = tl.program_id(1)
-    if SEED_FROM_PTR:
-        seed = tl.load(seed_ptr)
     t = tl.load(temp_ptr + row)
     sampled = t > 0.0
     t = tl.where(sampled, t, 1.0)
@@ -67,15 +63,10 @@ def _sample_reduce_kernel(
     best_val_ptr,  # (batch, num_chunks) float32
     best_idx_ptr,  # (batch, num_chunks) int32
     out_ptr,  # (batch,) int64
-    seed_ptr,  # (1,) int32: advanced by one when BUMP_SEED (the chunk launch has read it)
     num_chunks,
-    BUMP_SEED: tl.constexpr,
     BLOCK: tl.constexpr,  # >= num_chunks
 ):
     row = tl.program_id(0)
-    if BUMP_SEED:  # noqa: SIM102 (a compile-time branch around a run-time one)
-        if row == 0:
-            tl.store(seed_ptr, (tl.load(seed_ptr) + 1) & 0x7FFFFFFF)
     offs = tl.arange(0, BLOCK)
     mask = offs < num_chunks
     val = tl.load(best_val_ptr + row * num_chunks + offs, mask=mask, other=float("-inf"))
@@ -88,11 +79,9 @@ def _sample_reduce_kernel(
 def sample_tokens(
     logits: torch.Tensor,  # (batch, vocab) float32/bf16/fp16
     temperatures: torch.Tensor,  # (batch,) float32 on logits' device; 0 = greedy
-    seed: int | torch.Tensor,  # or a (1,) int32 tensor on the device, read and then advanced by one
+    seed: int,
     num_chunks: int | None = None,
 ) -> torch.Tensor:  # (batch,) int64
-    """A device seed keeps the launches free of host values, so they can be captured in a CUDA graph
-    and replayed: each replay draws with the next seed."""
     if logits.dim() != 2 or logits.stride(-1) != 1:
         raise ValueError(f"logits must be (batch, vocab), last dim contiguous, got {tuple(logits.shape)}")
     batch, vocab = logits.shape
@@ -112,17 +101,12 @@ def sample_tokens(
     num_chunks = triton.cdiv(vocab, chunk)
     best_val = torch.empty((batch, num_chunks), dtype=torch.float32, device=logits.device)
     best_idx = torch.empty((batch, num_chunks), dtype=torch.int32, device=logits.device)
-    on_device = isinstance(seed, torch.Tensor)
-    if on_device and (seed.shape != (1,) or seed.dtype != torch.int32 or seed.device != logits.device):
-        raise ValueError("a seed tensor must be (1,) int32 on the logits' device")
-    seed_ptr = seed if on_device else best_idx  # a dummy pointer for a host seed
-    host_seed = 0 if on_device else int(seed) & 0x7FFFFFFF
+    seed = int(seed) & 0x7FFFFFFF
     _sample_chunk_kernel[(batch, num_chunks)](
         logits, temperatures.contiguous(), best_val, best_idx, vocab, logits.stride(0), num_chunks, chunk,
-        host_seed, seed_ptr, SEED_FROM_PTR=on_device, BLOCK=block, num_warps=4,
+        seed, BLOCK=block, num_warps=4,
     )  # fmt: skip
     _sample_reduce_kernel[(batch,)](
-        best_val, best_idx, out, seed_ptr, num_chunks, BUMP_SEED=on_device, BLOCK=next_pow2(num_chunks),
-        num_warps=1,
-    )  # fmt: skip
+        best_val, best_idx, out, num_chunks, BLOCK=next_pow2(num_chunks), num_warps=1
+    )
     return out

@@ -111,28 +111,3 @@ def test_chat_turns_replay_prefill_graphs(ckpt):
     assert llm.stats()["prefix_cache_hit_tokens"] > 0
     ties = compare(ours, hf_greedy(ckpt, torch.bfloat16, ps), bf16_tie)
     print(f"prefill graphs: 3 turns, near-tie divergences {ties}")
-
-
-def test_sampling_graphs(ckpt):
-    """Plain temperature rows of a decode step are drawn by the step's sampling graph: the same seed
-    gives the same tokens, the device seed advances every step, and a greedy row in the same batch
-    gets the argmax of the same logits (torch.argmax, graph sampling off, same batch for 24 steps)."""
-    ps = prompts()[:6]
-    hot = SamplingParams(temperature=0.8, max_tokens=24, ignore_eos=True)
-
-    def run(params, graph_sampling=True):
-        llm = LLM(ckpt, dtype="bfloat16", max_model_len=1024, seed=11, max_num_seqs=8, num_kv_blocks=1024)
-        graphs = llm.core.runner.graphs
-        if not graph_sampling:
-            llm.core.sampler.graphs = None
-        seed0 = graphs.seed.item()
-        outs = [o.token_ids for o in llm.generate(ps, params)]
-        return outs, graphs.seed.item() - seed0
-
-    first, steps = run([hot] * 5 + [GREEDY])
-    again, _ = run([hot] * 5 + [GREEDY])
-    assert first == again
-    assert steps >= 23  # one draw per decode step (the prefill step samples outside the graphs)
-    assert len({tuple(t) for t in first[:5]}) > 1
-    argmax, steps = run([GREEDY] * 6, graph_sampling=False)
-    assert steps == 0 and argmax[5][:24] == first[5][:24]

@@ -74,22 +74,3 @@ def test_gpu_sampling():
     assert torch.equal(sample_tokens(logits, greedy, seed=1), logits.argmax(dim=-1))
     hot = torch.full((64,), 0.6, device="cuda")
     assert torch.equal(ops.sample_tokens(logits, hot, 3), sample_tokens(logits, hot, 3))
-
-
-def test_device_seed_draws_as_the_host_seed_and_advances():
-    # a (1,) int32 seed on the device (what a CUDA graph replays): the same draw as that host seed, and
-    # the seed is advanced by one for the next launch
-    g = torch.Generator().manual_seed(1)
-    logits = torch.randn(6, 200, generator=g) * 2
-    temps = torch.tensor([0.7, 0.0, 1.0, 0.5, 0.7, 1.3])
-    seed = torch.tensor([41], dtype=torch.int32)
-    first = sample_tokens(logits, temps, seed, num_chunks=2)
-    assert seed.item() == 42
-    assert torch.equal(first, sample_tokens(logits, temps, 41, num_chunks=2))
-    second = sample_tokens(logits, temps, seed, num_chunks=2)
-    assert torch.equal(second, sample_tokens(logits, temps, 42, num_chunks=2))
-    top = torch.tensor([0x7FFFFFFF], dtype=torch.int32)
-    sample_tokens(logits, temps, top, num_chunks=2)
-    assert top.item() == 0  # wraps within the 31-bit seeds
-    with pytest.raises(ValueError):
-        sample_tokens(logits, temps, torch.tensor([1], dtype=torch.int64))
