@@ -19,7 +19,9 @@ import triton.language as tl
 from kernels._jit import is_interpreting, kernel, next_pow2
 
 
-@kernel
+# the seed changes every step: specialized like other ints (== 1, % 16 == 0), a seed that happened to be
+# a multiple of 16 compiled a second variant in the middle of serving
+@kernel(do_not_specialize=["seed"])
 def _sample_chunk_kernel(
     logits_ptr,  # (batch, vocab), row stride stride_l
     temp_ptr,  # (batch,) float32; 0 = greedy

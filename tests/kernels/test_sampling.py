@@ -74,3 +74,13 @@ def test_gpu_sampling():
     assert torch.equal(sample_tokens(logits, greedy, seed=1), logits.argmax(dim=-1))
     hot = torch.full((64,), 0.6, device="cuda")
     assert torch.equal(ops.sample_tokens(logits, hot, 3), sample_tokens(logits, hot, 3))
+
+
+def test_seed_is_not_specialized():
+    # a per-step seed must not pick compiled variants (a multiple of 16 would compile a new one)
+    from triton.runtime.jit import JITFunction
+
+    from kernels.sampling import _sample_chunk_kernel
+
+    jf = JITFunction(_sample_chunk_kernel.fn, **_sample_chunk_kernel.jit_kwargs)
+    assert [p.name for p in jf.params if p.do_not_specialize] == ["seed"]
