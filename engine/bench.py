@@ -10,6 +10,7 @@ Runs without the web stack (also as `python -m engine.bench`)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import sys
@@ -418,7 +419,22 @@ def bench_g1(args) -> dict:
     except ImportError as e:  # the grammar package needs its backend library
         raise SystemExit(f"G1 needs the grammar package and its backend: {e}") from e
     with tempfile.TemporaryDirectory() as tmp:
-        return run_g1(_real_vocab_llm(args, Path(tmp)), backend=args.grammar_backend)
+        llm = _real_vocab_llm(args, Path(tmp))
+        around = (lambda label: _observed(llm, label)) if PROFILE or TIMELINE else None
+        return run_g1(llm, backend=args.grammar_backend, around=around)
+
+
+@contextlib.contextmanager
+def _observed(llm, label: str):
+    """--profile / --timeline around one timed run of another module's bench (G1)."""
+    steps0, t0 = llm.core.num_steps, time.perf_counter()
+    profiler, timeline = _Profile(enabled=PROFILE), _HostTimeline(llm.core, enabled=TIMELINE)
+    with profiler, timeline:
+        yield
+    wall, steps = time.perf_counter() - t0, llm.core.num_steps - steps0
+    print(f"[{label}]")
+    profiler.report(wall, steps)
+    timeline.report(wall, steps)
 
 
 def _real_vocab_llm(args, folder: Path):

@@ -1,6 +1,7 @@
 """G1 (shared/reference/benchmarks.md): 64 constrained `tool_choice="required"` requests over five
 n8n-style tools, then the same prompts unconstrained with the same per-request lengths; `repeats`
 such pairs, the median ratio reported (one run takes about a second on the H200: single runs are noisy).
+`around(label)`: a context manager put around each timed run (the bench's --profile / --timeline).
 
     run_g1(llm)  # an engine.LLM; prints and returns the numbers
 """
@@ -11,6 +12,7 @@ import json
 import random
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import jsonschema
@@ -120,6 +122,7 @@ def run_g1(
     max_tokens: int = 512,
     temperature: float = 0.6,
     repeats: int = 3,
+    around: Callable[[str], AbstractContextManager] | None = None,
     backend: str | None = None,
     tools_path: str | Path = G1_TOOLS,
     out: Callable[[str], None] = print,
@@ -166,9 +169,10 @@ def run_g1(
     for _ in range(max(1, repeats)):
         # each pair: the constrained run, then the same prompts unconstrained with its lengths
         llm.reset_prefix_cache()
-        t0 = time.perf_counter()
-        outs = llm.generate(prompts, params)
-        constrained_s = time.perf_counter() - t0
+        with around("constrained") if around else nullcontext():
+            t0 = time.perf_counter()
+            outs = llm.generate(prompts, params)
+            constrained_s = time.perf_counter() - t0
         token_ids = [o.outputs[0].token_ids for o in outs]
         lengths = [len(ids) for ids in token_ids]
         texts = [tokenizer.decode(ids, skip_special_tokens=False) for ids in token_ids]
@@ -177,9 +181,10 @@ def run_g1(
 
         llm.reset_prefix_cache()
         free = [SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True) for n in lengths]
-        t0 = time.perf_counter()
-        free_outs = llm.generate(prompts, free)
-        unconstrained_s = time.perf_counter() - t0
+        with around("unconstrained") if around else nullcontext():
+            t0 = time.perf_counter()
+            free_outs = llm.generate(prompts, free)
+            unconstrained_s = time.perf_counter() - t0
         free_tokens = sum(len(o.outputs[0].token_ids) for o in free_outs)
         pairs.append((sum(lengths), constrained_s, free_tokens, unconstrained_s))
 
