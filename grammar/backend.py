@@ -10,6 +10,7 @@ from typing import Protocol
 
 import torch
 
+from grammar.per_object import PerObjectCache
 from grammar.vocab import TokenVocab
 
 
@@ -39,15 +40,15 @@ class GrammarBackend(Protocol):
 BACKENDS = ("llguidance", "xgrammar", "outlines")
 DEFAULT_BACKEND = "llguidance"  # chosen by measurement: docs/grammar.md
 
-_instances: dict[tuple[str, int], tuple[TokenVocab, GrammarBackend]] = {}
+_instances: PerObjectCache[GrammarBackend] = PerObjectCache()
 
 
 def get_backend(name: str, vocab: TokenVocab) -> GrammarBackend:
     """One backend instance per (name, vocabulary): tokenizer tables are built once."""
-    key = (name, id(vocab))
-    hit = _instances.get(key)
-    if hit is not None and hit[0] is vocab:
-        return hit[1]
+    return _instances.get(vocab, (name,), lambda: _new_backend(name, vocab))
+
+
+def _new_backend(name: str, vocab: TokenVocab) -> GrammarBackend:
     if name == "llguidance":
         from grammar.llguidance_backend import LLGuidanceBackend as cls
     elif name == "xgrammar":
@@ -56,6 +57,4 @@ def get_backend(name: str, vocab: TokenVocab) -> GrammarBackend:
         from grammar.outlines_backend import OutlinesBackend as cls
     else:
         raise ValueError(f"unknown grammar backend {name!r}; known: {BACKENDS}")
-    backend = cls(vocab)
-    _instances[key] = (vocab, backend)
-    return backend
+    return cls(vocab)

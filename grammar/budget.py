@@ -19,12 +19,11 @@ empty; when r == D[s] only shortest-path tokens remain: the call closes exactly 
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import torch
 from outlines_core import Index, Vocabulary
 
+from grammar.per_object import PerObjectCache
 from grammar.vocab import TokenVocab, bools_to_bitmask
 
 LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16)  # token byte-length classes
@@ -62,17 +61,11 @@ class _VocabTables:
         self.punct_ids = np.array(sorted(punct), dtype=np.int64)
 
 
-_tables: dict[int, tuple[TokenVocab, _VocabTables]] = {}
-_tables_lock = threading.Lock()
+_tables: PerObjectCache[_VocabTables] = PerObjectCache()
 
 
 def vocab_tables(vocab: TokenVocab) -> _VocabTables:
-    with _tables_lock:
-        hit = _tables.get(id(vocab))
-        if hit is None or hit[0] is not vocab:
-            hit = (vocab, _VocabTables(vocab))
-            _tables[id(vocab)] = hit
-        return hit[1]
+    return _tables.get(vocab, (), lambda: _VocabTables(vocab))
 
 
 def _byte_dfa(regex: str) -> tuple[np.ndarray, np.ndarray, int]:

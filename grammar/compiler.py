@@ -14,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from grammar.backend import DEFAULT_BACKEND, get_backend
 from grammar.budget import BudgetAutomaton
 from grammar.constraint import GrammarConstraintFactory
+from grammar.per_object import PerObjectCache
 from grammar.tools import GrammarSpec
 from grammar.vocab import TokenVocab
 
@@ -46,17 +47,10 @@ class GrammarCompiler:
         return GrammarConstraintFactory(hit[0], hit[1], self.vocab, exact)
 
 
-_compilers: dict[tuple[int, str], tuple[TokenVocab, GrammarCompiler]] = {}
-_lock = threading.Lock()
+_compilers: PerObjectCache[GrammarCompiler] = PerObjectCache()
 
 
 def compiler_for(vocab: TokenVocab, backend: str | None = None) -> GrammarCompiler:
     """The process-wide compiler of a vocabulary and backend (CHATLOOM_GRAMMAR_BACKEND or the default)."""
     backend = backend or os.environ.get("CHATLOOM_GRAMMAR_BACKEND") or DEFAULT_BACKEND
-    key = (id(vocab), backend)
-    with _lock:
-        hit = _compilers.get(key)
-        if hit is None or hit[0] is not vocab:
-            hit = (vocab, GrammarCompiler(vocab, backend))
-            _compilers[key] = hit
-        return hit[1]
+    return _compilers.get(vocab, (backend,), lambda: GrammarCompiler(vocab, backend))

@@ -12,12 +12,13 @@ Grammars here are byte-level regexes. Each token id gets the bytes the grammar s
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 import torch
+
+from grammar.per_object import PerObjectCache
 
 TAG_OPEN = b"\x02"
 TAG_CLOSE = b"\x03"
@@ -74,20 +75,12 @@ def allowed_ids(bitmask_row: torch.Tensor, vocab_size: int) -> np.ndarray:
     return np.flatnonzero(bits[:vocab_size])
 
 
-_cache: dict[tuple, tuple[object, TokenVocab]] = {}
-_lock = threading.Lock()
+_cache: PerObjectCache[TokenVocab] = PerObjectCache()
 
 
 def vocab_for(tokenizer, vocab_size: int | None = None) -> TokenVocab:
     """Build (once per tokenizer object and vocab size) the shared token table."""
-    key = (id(tokenizer), vocab_size)
-    with _lock:
-        hit = _cache.get(key)
-        if hit is not None and hit[0] is tokenizer:  # the entry holds the tokenizer: ids are not reused
-            return hit[1]
-        vocab = _build(tokenizer, vocab_size)
-        _cache[key] = (tokenizer, vocab)
-        return vocab
+    return _cache.get(tokenizer, (vocab_size,), lambda: _build(tokenizer, vocab_size))
 
 
 def _build(tokenizer, vocab_size: int | None) -> TokenVocab:
