@@ -67,4 +67,3 @@ def store_kv(
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         NUM_KV_HEADS=hk, HEAD_DIM=d, BLOCK_H=next_pow2(hk), BLOCK_D=next_pow2(d),
     )  # fmt: skip
-

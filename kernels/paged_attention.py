@@ -409,8 +409,10 @@ def _config_key(q: torch.Tensor) -> str:
 
 def _check_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor):
     if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
-        raise ValueError(f"k_cache/v_cache must be equal (num_blocks, block_size, num_kv_heads, head_dim), "
-                         f"got {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
+        raise ValueError(
+            f"k_cache/v_cache must be equal (num_blocks, block_size, num_kv_heads, head_dim), "
+            f"got {tuple(k_cache.shape)} / {tuple(v_cache.shape)}"
+        )
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("k_cache and v_cache must be contiguous")
     h, d = q.shape[1], q.shape[2]

@@ -1,8 +1,8 @@
 """What an assistant is, as the API and the YAML seed file take it (validated once, stored as JSON).
 
-    {"name", "system_prompt", "model"?, "sampling"?, "memory"?: {"max_turns" | "max_tokens"},
-     "tool_choice"?, "tools"?: [{"type": "function", "function": {...},
-                                 "webhook": {"url", "method", "headers", "timeout_s"}}]}
+{"name", "system_prompt", "model"?, "sampling"?, "memory"?: {"max_turns" | "max_tokens"},
+ "tool_choice"?, "tools"?: [{"type": "function", "function": {...},
+                             "webhook": {"url", "method", "headers", "timeout_s"}}]}
 """
 
 from __future__ import annotations

@@ -91,8 +91,15 @@ def render_ids(
             chat.append(ChatMessage("assistant", _SENTINEL.format(len(spliced))))
             spliced.append(list(m["token_ids"]))
             continue
-        chat.append(ChatMessage(m["role"], m.get("content") or "", m.get("tool_calls") or None,
-                                m.get("tool_call_id"), m.get("name")))
+        chat.append(
+            ChatMessage(
+                m["role"],
+                m.get("content") or "",
+                m.get("tool_calls") or None,
+                m.get("tool_call_id"),
+                m.get("name"),
+            )
+        )
     text = PromptRenderer(tokenizer).render(chat, tools or None)
     ids: list[int] = []
     pos = 0

@@ -33,7 +33,11 @@ MAX_TOOL_ROUNDS = 4  # model calls that may end in tool calls; one more answers 
 DEFAULT_MAX_TOKENS = 512
 DEFAULT_MAX_TURNS = 50
 _SAMPLING_KEYS = {f.name for f in fields(SamplingParams)} - {
-    "n", "constraint", "logits_processors", "logprobs", "skip_special_tokens"
+    "n",
+    "constraint",
+    "logits_processors",
+    "logprobs",
+    "skip_special_tokens",
 }
 
 
@@ -52,8 +56,16 @@ class AssistantSpec:
 
     @classmethod
     def from_row(cls, row) -> AssistantSpec:
-        return cls(row.id, row.name, row.system_prompt or "", row.model, dict(row.sampling or {}),
-                   dict(row.memory or {}), row.tool_choice, list(row.tools or []))
+        return cls(
+            row.id,
+            row.name,
+            row.system_prompt or "",
+            row.model,
+            dict(row.sampling or {}),
+            dict(row.memory or {}),
+            row.tool_choice,
+            list(row.tools or []),
+        )
 
     def model_tools(self) -> list[dict]:
         """The tools as the model sees them (OpenAI function form, no webhook details)."""
@@ -125,8 +137,13 @@ class _Round:
 
 
 async def _generate(
-    engine, prompt_ids: list[int], params: SamplingParams, session_id: str, parse_calls: bool,
-    stops: set[int], result: _Round,
+    engine,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    session_id: str,
+    parse_calls: bool,
+    stops: set[int],
+    result: _Round,
 ) -> AsyncIterator[str]:
     """Run one model call; yields the visible text pieces and fills `result`."""
     request_id = f"turn-{uuid.uuid4().hex}"
@@ -218,8 +235,13 @@ async def _run_turn_locked(
             prompt_ids = replay.render_ids(tokenizer, kept, **render)
         # grammar.api through the API's adapter (compiled off the event loop; None without a backend)
         constraint = await build_constraint(
-            tokenizer, tools=tools or None, tool_choice=choice or "auto", parallel_tool_calls=True,
-            response_format=None, max_tokens=sampling["max_tokens"], vocab_size=vocab_size,
+            tokenizer,
+            tools=tools or None,
+            tool_choice=choice or "auto",
+            parallel_tool_calls=True,
+            response_format=None,
+            max_tokens=sampling["max_tokens"],
+            vocab_size=vocab_size,
         )
         # tool-call tags are added tokens that decode() drops when skipping specials; stop
         # tokens are never detokenized, so nothing else special shows up in the text
@@ -236,18 +258,39 @@ async def _run_turn_locked(
             for c in calls
         ] or None
         async with db.session() as s:
-            await repo.add_message(s, db.history, session_id, "assistant", text,
-                                   tool_calls=openai_calls, token_ids=made.token_ids)
-        history.append({"role": "assistant", "content": text, "tool_calls": openai_calls,
-                         "token_ids": made.token_ids})
+            await repo.add_message(
+                s,
+                db.history,
+                session_id,
+                "assistant",
+                text,
+                tool_calls=openai_calls,
+                token_ids=made.token_ids,
+            )
+        history.append(
+            {"role": "assistant", "content": text, "tool_calls": openai_calls, "token_ids": made.token_ids}
+        )
         if not calls:
             return
 
         results = await asyncio.gather(*(_run_tool(deps, spec, c) for c in calls))
         async with db.session() as s:
             for call, result in zip(calls, results, strict=True):
-                await repo.add_message(s, db.history, session_id, "tool", result.content,
-                                       tool_call_id=call.id, name=call.name or None)
+                await repo.add_message(
+                    s,
+                    db.history,
+                    session_id,
+                    "tool",
+                    result.content,
+                    tool_call_id=call.id,
+                    name=call.name or None,
+                )
         for call, result in zip(calls, results, strict=True):
-            history.append({"role": "tool", "content": result.content, "tool_call_id": call.id,
-                            "name": call.name or None})
+            history.append(
+                {
+                    "role": "tool",
+                    "content": result.content,
+                    "tool_call_id": call.id,
+                    "name": call.name or None,
+                }
+            )

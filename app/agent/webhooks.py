@@ -47,9 +47,7 @@ async def call_webhook(client: httpx.AsyncClient, webhook: dict[str, Any], argum
     request: dict[str, Any] = {"headers": headers, "timeout": timeout}
     if method in ("GET", "DELETE"):
         if isinstance(arguments, dict):
-            request["params"] = {
-                k: v if isinstance(v, str) else json.dumps(v) for k, v in arguments.items()
-            }
+            request["params"] = {k: v if isinstance(v, str) else json.dumps(v) for k, v in arguments.items()}
     else:
         request["json"] = arguments
     for attempt in range(CONNECT_RETRIES + 1):

@@ -56,7 +56,11 @@ async def load_and_append(
         fresh = rest[_overlap(stored, rest) :] if stored else rest
         for m in fresh:
             await repo.add_message(
-                s, db.history, session_id, m["role"], _text(m.get("content")),
+                s,
+                db.history,
+                session_id,
+                m["role"],
+                _text(m.get("content")),
                 tool_calls=m.get("tool_calls") or None,
                 tool_call_id=m.get("tool_call_id"),
                 name=m.get("name"),
@@ -76,6 +80,12 @@ async def record_reply(
     """Store the generated assistant message (token_ids: generated ids, stop token excluded)."""
     async with db.session() as s:
         await repo.ensure_session(s, session_id)
-        await repo.add_message(s, db.history, session_id, "assistant", content,
-                               tool_calls=tool_calls or None, token_ids=token_ids or None)
-
+        await repo.add_message(
+            s,
+            db.history,
+            session_id,
+            "assistant",
+            content,
+            tool_calls=tool_calls or None,
+            token_ids=token_ids or None,
+        )

@@ -41,8 +41,13 @@ def _loads_args(arguments: Any) -> Any:
     return arguments if arguments is not None else {}
 
 
-def to_langchain(role: str, content: str, tool_calls: list[dict] | None = None,
-                 tool_call_id: str | None = None, name: str | None = None) -> dict:
+def to_langchain(
+    role: str,
+    content: str,
+    tool_calls: list[dict] | None = None,
+    tool_call_id: str | None = None,
+    name: str | None = None,
+) -> dict:
     """One chatloom message (OpenAI roles, OpenAI tool-call form) -> n8n's flat LangChain JSON."""
     base = {"content": content or "", "additional_kwargs": {}, "response_metadata": {}}
     if role == "user":
@@ -65,8 +70,14 @@ def to_langchain(role: str, content: str, tool_calls: list[dict] | None = None,
     raise ValueError(f"unknown message role {role!r}")
 
 
-_TYPE_TO_ROLE = {"human": "user", "ai": "assistant", "tool": "tool", "system": "system",
-                 "generic": "user", "function": "tool"}
+_TYPE_TO_ROLE = {
+    "human": "user",
+    "ai": "assistant",
+    "tool": "tool",
+    "system": "system",
+    "generic": "user",
+    "function": "tool",
+}
 
 
 def from_langchain(message: Any) -> dict:
@@ -89,9 +100,16 @@ def from_langchain(message: Any) -> dict:
             if "function" in c:  # OpenAI form inside additional_kwargs
                 fn = c["function"]
                 args = fn.get("arguments")
-                calls.append({"id": c.get("id") or f"call_{i}", "type": "function",
-                              "function": {"name": fn.get("name", ""),
-                                           "arguments": args if isinstance(args, str) else json.dumps(args)}})
+                calls.append(
+                    {
+                        "id": c.get("id") or f"call_{i}",
+                        "type": "function",
+                        "function": {
+                            "name": fn.get("name", ""),
+                            "arguments": args if isinstance(args, str) else json.dumps(args),
+                        },
+                    }
+                )
             else:
                 fn = {"name": c.get("name", ""), "arguments": json.dumps(c.get("args", {}))}
                 calls.append({"id": c.get("id") or f"call_{i}", "type": "function", "function": fn})

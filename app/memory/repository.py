@@ -174,7 +174,9 @@ async def list_sessions(
     """Most recently active first; sessions that exist only in the n8n table are imported first."""
     foreign = (
         await s.scalars(
-            sa.select(history.c.session_id).distinct().where(history.c.session_id.not_in(sa.select(ChatSession.id)))
+            sa.select(history.c.session_id)
+            .distinct()
+            .where(history.c.session_id.not_in(sa.select(ChatSession.id)))
         )
     ).all()
     for sid in foreign:

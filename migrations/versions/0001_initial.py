@@ -40,8 +40,9 @@ def upgrade() -> None:
     op.create_table(
         "sessions",
         sa.Column("id", sa.String(255), primary_key=True),
-        sa.Column("assistant_id", sa.String(64), sa.ForeignKey("assistants.id", ondelete="SET NULL"),
-                  nullable=True),
+        sa.Column(
+            "assistant_id", sa.String(64), sa.ForeignKey("assistants.id", ondelete="SET NULL"), nullable=True
+        ),
         sa.Column("created_at", sa.DateTime, nullable=False),
         sa.Column("updated_at", sa.DateTime, nullable=False),
     )
@@ -49,8 +50,9 @@ def upgrade() -> None:
     op.create_table(
         "messages",
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-        sa.Column("session_id", sa.String(255), sa.ForeignKey("sessions.id", ondelete="CASCADE"),
-                  nullable=False),
+        sa.Column(
+            "session_id", sa.String(255), sa.ForeignKey("sessions.id", ondelete="CASCADE"), nullable=False
+        ),
         sa.Column("role", sa.String(16), nullable=False),
         sa.Column("content", sa.Text, nullable=False),
         sa.Column("tool_calls", JSONType, nullable=True),

@@ -62,10 +62,21 @@ def test_assets_reference_only_local_urls():
 
 def test_script_calls_the_endpoints_that_exist():
     js = resources.files("app.static").joinpath("chat.js").read_text()
-    for needle in ("/webhook/", "/chat", "sendMessage", "loadPreviousSession", "/v1/sessions",
-                   "/v1/assistants", '"DELETE"', 'Accept: "text/plain"', "getReader", "AbortController",
-                   "Bearer "):
+    for needle in (
+        "/webhook/",
+        "/chat",
+        "sendMessage",
+        "loadPreviousSession",
+        "/v1/sessions",
+        "/v1/assistants",
+        '"DELETE"',
+        'Accept: "text/plain"',
+        "getReader",
+        "AbortController",
+        "Bearer ",
+    ):
         assert needle in js, needle
+
 
 def test_existing_routes_still_answer(client):
     assert client.get("/metrics").status_code == 200
@@ -82,12 +93,18 @@ def test_the_chat_protocol_the_page_speaks(fake_server, script):
     script("Hi there, from the page.")
     sid = "ui-test-session"
     url = fake_server.url + "/webhook/default/chat"
-    r = httpx.post(url, json={"action": "loadPreviousSession", "sessionId": sid},
-                   headers={"Accept": "application/json"})
+    r = httpx.post(
+        url, json={"action": "loadPreviousSession", "sessionId": sid}, headers={"Accept": "application/json"}
+    )
     assert r.status_code == 200 and r.json() == {"data": []}
 
-    with httpx.stream("POST", url, json={"action": "sendMessage", "sessionId": sid, "chatInput": "Hello"},
-                      headers={"Accept": "text/plain"}, timeout=30) as resp:
+    with httpx.stream(
+        "POST",
+        url,
+        json={"action": "sendMessage", "sessionId": sid, "chatInput": "Hello"},
+        headers={"Accept": "text/plain"},
+        timeout=30,
+    ) as resp:
         assert resp.status_code == 200
         lines = [json.loads(line) for line in resp.iter_lines() if line.strip()]
     kinds = [line["type"] for line in lines]
@@ -96,7 +113,9 @@ def test_the_chat_protocol_the_page_speaks(fake_server, script):
 
     r = httpx.get(f"{fake_server.base}/sessions/{sid}")
     assert [(m["role"], m["content"]) for m in r.json()["messages"]] == [
-        ("user", "Hello"), ("assistant", "Hi there, from the page.")]
+        ("user", "Hello"),
+        ("assistant", "Hi there, from the page."),
+    ]
     r = httpx.post(url, json={"action": "loadPreviousSession", "sessionId": sid})
     assert [m["id"][-1] for m in r.json()["data"]] == ["HumanMessage", "AIMessage"]
     assert sid in [s["id"] for s in httpx.get(f"{fake_server.base}/sessions?limit=100").json()["data"]]

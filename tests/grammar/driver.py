@@ -29,8 +29,9 @@ class RandomLogits:
         return np.roll(self.table[(step + shift) % len(self.table)], shift)
 
 
-def decode(factory, vocab: TokenVocab, max_tokens: int, logits: RandomLogits, open_bias: float = 0.0,
-           check=None) -> list[int]:
+def decode(
+    factory, vocab: TokenVocab, max_tokens: int, logits: RandomLogits, open_bias: float = 0.0, check=None
+) -> list[int]:
     """One request through the constraint; returns the generated ids (EOS included if reached)."""
     c = factory.new()
     bitmask = torch.empty(1, vocab.mask_words, dtype=torch.int32)

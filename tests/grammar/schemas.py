@@ -7,10 +7,44 @@ from __future__ import annotations
 import random
 
 DRAFT7 = "http://json-schema.org/draft-07/schema#"
-WORDS = ["city", "query", "title", "priority", "tags", "email", "name", "count", "limit", "since", "status",
-         "unit", "input", "url", "body", "user_id", "amount", "items", "address", "phone", "note", "flag"]
-TOOL_NAMES = ["Calculator", "get_weather", "create_ticket", "send_email", "query_orders", "add_contact",
-              "search_docs", "http_request", "Wikipedia", "update_row", "lookup_user", "schedule_meeting"]
+WORDS = [
+    "city",
+    "query",
+    "title",
+    "priority",
+    "tags",
+    "email",
+    "name",
+    "count",
+    "limit",
+    "since",
+    "status",
+    "unit",
+    "input",
+    "url",
+    "body",
+    "user_id",
+    "amount",
+    "items",
+    "address",
+    "phone",
+    "note",
+    "flag",
+]
+TOOL_NAMES = [
+    "Calculator",
+    "get_weather",
+    "create_ticket",
+    "send_email",
+    "query_orders",
+    "add_contact",
+    "search_docs",
+    "http_request",
+    "Wikipedia",
+    "update_row",
+    "lookup_user",
+    "schedule_meeting",
+]
 
 
 def _leaf(rng: random.Random) -> dict:
@@ -23,7 +57,7 @@ def _leaf(rng: random.Random) -> dict:
             s["minLength"] = 1
         return s
     if kind == "enum":
-        values = ["open", "closed", "celsius", "fahrenheit", "low", "high", "a b", "x\"y", "ünï"]
+        values = ["open", "closed", "celsius", "fahrenheit", "low", "high", "a b", 'x"y', "ünï"]
         return {"type": "string", "enum": rng.sample(values, rng.randint(1, 4))}
     if kind == "int_range":
         lo = rng.choice([-50, -1, 0, 1, 7, 100])

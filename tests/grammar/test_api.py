@@ -8,9 +8,23 @@ from grammar.api import build_constraint
 from grammar.tools import grammar_spec
 from tests.grammar.conftest import MODEL_VOCAB
 
-TOOLS = [{"type": "function", "function": {"name": "Calculator", "description": "math", "strict": None,
-          "parameters": {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"],
-                         "additionalProperties": False, "$schema": "http://json-schema.org/draft-07/schema#"}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "Calculator",
+            "description": "math",
+            "strict": None,
+            "parameters": {
+                "type": "object",
+                "properties": {"input": {"type": "string"}},
+                "required": ["input"],
+                "additionalProperties": False,
+                "$schema": "http://json-schema.org/draft-07/schema#",
+            },
+        },
+    }
+]
 
 
 def test_nothing_to_constrain(tok):
@@ -29,9 +43,24 @@ def test_nothing_to_constrain(tok):
         (dict(tools=TOOLS, tool_choice="required", max_tokens=3), "max_tokens"),
         (dict(response_format={"type": "json_schema", "json_schema": {"name": "x"}}), "schema"),
         (dict(response_format={"type": "xml"}), "response_format"),
-        (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {
-            "type": "object", "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 1}}}}}],
-            tool_choice="required"), "empty integer range"),
+        (
+            dict(
+                tools=[
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {
+                                "type": "object",
+                                "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 1}},
+                            },
+                        },
+                    }
+                ],
+                tool_choice="required",
+            ),
+            "empty integer range",
+        ),
     ],
 )
 def test_errors_name_the_field(tok, kwargs, match):
@@ -85,8 +114,10 @@ def test_rollback_restores_masks(tok, vocab):
     f = build_constraint(tok, tools=TOOLS, tool_choice="required", max_tokens=64, vocab_size=MODEL_VOCAB)
     f.wait()
     c = f.new()
-    path = tok.encode('<tool_call>\n{"name": "Calculator", "arguments": {"input": "1+1"}}\n</tool_call>',
-                      add_special_tokens=False).ids + [vocab.eos_id]
+    path = tok.encode(
+        '<tool_call>\n{"name": "Calculator", "arguments": {"input": "1+1"}}\n</tool_call>',
+        add_special_tokens=False,
+    ).ids + [vocab.eos_id]
 
     def mask(remaining):
         m = torch.full((1, vocab.mask_words), -1, dtype=torch.int32)

@@ -14,19 +14,45 @@ from grammar.api import build_constraint
 from tests.grammar.conftest import MODEL_VOCAB
 from tests.grammar.driver import RandomLogits, allowed_ids, decode, split_output
 
-SMALL = [{"type": "function", "function": {"name": "Calculator", "strict": False, "parameters": {
-    "type": "object", "properties": {"input": {"type": "string", "maxLength": 12},
-                                     "mode": {"type": "string", "enum": ["exact", "fast"]}},
-    "required": ["input"], "additionalProperties": False,
-    "$schema": "http://json-schema.org/draft-07/schema#"}}}]
-NUMERIC = [{"type": "function", "function": {"name": "pick", "parameters": {
-    "type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 5}},
-    "required": ["n"], "additionalProperties": False}}}]
+SMALL = [
+    {
+        "type": "function",
+        "function": {
+            "name": "Calculator",
+            "strict": False,
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "input": {"type": "string", "maxLength": 12},
+                    "mode": {"type": "string", "enum": ["exact", "fast"]},
+                },
+                "required": ["input"],
+                "additionalProperties": False,
+                "$schema": "http://json-schema.org/draft-07/schema#",
+            },
+        },
+    }
+]
+NUMERIC = [
+    {
+        "type": "function",
+        "function": {
+            "name": "pick",
+            "parameters": {
+                "type": "object",
+                "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 5}},
+                "required": ["n"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
 
 
 def _drive(tok, vocab, backend, tools, choice, n, seed, bias=0.0):
-    f = build_constraint(tok, tools=tools, tool_choice=choice, max_tokens=64, vocab_size=MODEL_VOCAB,
-                         backend=backend)
+    f = build_constraint(
+        tok, tools=tools, tool_choice=choice, max_tokens=64, vocab_size=MODEL_VOCAB, backend=backend
+    )
     f.wait()
     logits = RandomLogits(MODEL_VOCAB, seed)
     rng = random.Random(seed)
@@ -64,8 +90,11 @@ def test_backends_agree_on_the_first_masks(tok, vocab, backend):
     # same token table, same regex: the same language. llguidance also drops non-canonical
     # tokenizations of forced text ("{" before a forced '"name"'), so its masks are subsets
     ref = build_constraint(tok, tools=SMALL, tool_choice="required", vocab_size=MODEL_VOCAB).wait().new()
-    other = build_constraint(tok, tools=SMALL, tool_choice="required", vocab_size=MODEL_VOCAB,
-                             backend=backend).wait().new()
+    other = (
+        build_constraint(tok, tools=SMALL, tool_choice="required", vocab_size=MODEL_VOCAB, backend=backend)
+        .wait()
+        .new()
+    )
     text = '<tool_call>\n{"name": "Calculator", "arguments": {"input": "2+2", "mode": "fast"}}\n</tool_call>'
     path = tok.encode(text, add_special_tokens=False).ids + [vocab.eos_id]
     for t in path:

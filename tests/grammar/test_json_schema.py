@@ -16,18 +16,29 @@ from tests.grammar.schemas import DRAFT7, response_schema
 
 N8N_SCHEMAS = [
     # what n8n's Structured Output Parser / tools send (zod-to-json-schema, draft-07)
-    {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"],
-     "additionalProperties": False, "$schema": DRAFT7},
-    {"type": "object", "properties": {"state": {"type": "string"}, "cities": {"type": "array",
-     "items": {"type": "string"}}}, "required": ["state", "cities"], "additionalProperties": False,
-     "$schema": DRAFT7},
+    {
+        "type": "object",
+        "properties": {"input": {"type": "string"}},
+        "required": ["input"],
+        "additionalProperties": False,
+        "$schema": DRAFT7,
+    },
+    {
+        "type": "object",
+        "properties": {"state": {"type": "string"}, "cities": {"type": "array", "items": {"type": "string"}}},
+        "required": ["state", "cities"],
+        "additionalProperties": False,
+        "$schema": DRAFT7,
+    },
     {"type": "object", "properties": {}, "additionalProperties": False, "$schema": DRAFT7},
 ]
 
 
 def _run(tok, vocab, schema, max_tokens, logits, response_format=None):
-    rf = response_format or {"type": "json_schema",
-                             "json_schema": {"name": "out", "schema": schema, "strict": True}}
+    rf = response_format or {
+        "type": "json_schema",
+        "json_schema": {"name": "out", "schema": schema, "strict": True},
+    }
     f = build_constraint(tok, response_format=rf, max_tokens=max_tokens, vocab_size=MODEL_VOCAB)
     f.wait()
     ids = decode(f, vocab, max_tokens, logits)

@@ -10,8 +10,21 @@ import pytest
 from grammar.schema_regex import escape, free_text_regex, int_range_regex, json_schema_regex
 from grammar.tools import grammar_spec
 
-RANGES = [(1, 5), (0, None), (None, None), (-13, 7), (-100, -3), (None, 42), (5, None), (99, 1234), (0, 0),
-          (-5, None), (None, -20), (10, 10), (7, 300)]
+RANGES = [
+    (1, 5),
+    (0, None),
+    (None, None),
+    (-13, 7),
+    (-100, -3),
+    (None, 42),
+    (5, None),
+    (99, 1234),
+    (0, 0),
+    (-5, None),
+    (None, -20),
+    (10, 10),
+    (7, 300),
+]
 
 
 @pytest.mark.parametrize(("lo", "hi"), RANGES)
@@ -30,9 +43,21 @@ def test_empty_range_is_an_error():
 
 @pytest.mark.parametrize(
     ("text", "ok"),
-    [("hello <b> x", True), ("a < b << c", True), ("</div>", True), ("<tool_call", True), ("<<tool_ca", True),
-     ("<tool_call>", False), ("x<tool_call>y", False), ("to<tool_call>", False), ("a</tool_call>", False),
-     ("tab\tnew\nline ünï 中文", True), ("\x02", False), ("\x03", False), ("\x00", False)],
+    [
+        ("hello <b> x", True),
+        ("a < b << c", True),
+        ("</div>", True),
+        ("<tool_call", True),
+        ("<<tool_ca", True),
+        ("<tool_call>", False),
+        ("x<tool_call>y", False),
+        ("to<tool_call>", False),
+        ("a</tool_call>", False),
+        ("tab\tnew\nline ünï 中文", True),
+        ("\x02", False),
+        ("\x03", False),
+        ("\x00", False),
+    ],
 )
 def test_free_text_cannot_spell_a_tag(text, ok):
     assert bool(re.fullmatch(free_text_regex(), text)) == ok
@@ -44,10 +69,17 @@ def test_escape_round_trips_literals():
 
 
 def test_schema_patches_and_annotations():
-    schema = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "description": "d",
-              "properties": {"p": {"type": "integer", "minimum": 1, "maximum": 5, "title": "P"},
-                             "x": {"type": "number", "exclusiveMinimum": 0, "maximum": 9.5}},
-              "required": ["p", "x"], "additionalProperties": False}
+    schema = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "description": "d",
+        "properties": {
+            "p": {"type": "integer", "minimum": 1, "maximum": 5, "title": "P"},
+            "x": {"type": "number", "exclusiveMinimum": 0, "maximum": 9.5},
+        },
+        "required": ["p", "x"],
+        "additionalProperties": False,
+    }
     rx = re.compile(json_schema_regex(schema))
     assert rx.fullmatch(json.dumps({"p": 5, "x": 9}))
     assert not rx.fullmatch(json.dumps({"p": 6, "x": 9}))
@@ -55,8 +87,19 @@ def test_schema_patches_and_annotations():
 
 
 def test_call_regex_shape():
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                },
+            },
+        }
+    ]
     spec = grammar_spec(tools, "required", parallel_tool_calls=False)
     call = '\x02\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n\x03'
     assert re.fullmatch(spec.regex, call)

@@ -52,8 +52,14 @@ def test_thousand_requests_all_valid(tok, vocab):
         schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
         for choice, parallel, bias in _plan(rng, tools):
             max_tokens = rng.randint(64, 256)
-            factory = build_constraint(tok, tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
-                                       max_tokens=max_tokens, vocab_size=MODEL_VOCAB)
+            factory = build_constraint(
+                tok,
+                tools=tools,
+                tool_choice=choice,
+                parallel_tool_calls=parallel,
+                max_tokens=max_tokens,
+                vocab_size=MODEL_VOCAB,
+            )
             factory.wait()
             ids = decode(factory, vocab, max_tokens, logits, open_bias=bias)
             assert len(ids) <= max_tokens and ids[-1] == vocab.eos_id, "did not finish within max_tokens"

@@ -105,8 +105,9 @@ def test_decode_matches_reference(dtype, block_size, num_splits):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize(("window", "alibi", "num_splits"), [(9, False, 1), (30, False, 4), (None, True, 3),
-                                                            (25, True, 2)])
+@pytest.mark.parametrize(
+    ("window", "alibi", "num_splits"), [(9, False, 1), (30, False, 4), (None, True, 3), (25, True, 2)]
+)
 def test_decode_window_and_alibi(dtype, window, alibi, num_splits):
     out, args = _decode(dtype, 16, DECODE_CTX, num_splits, window, alibi)
     assert max_err(out, ref.decode_attention(*args)) < ATOL[dtype]

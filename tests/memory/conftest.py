@@ -102,7 +102,7 @@ class FakeEngine:
         for tid in ids:
             before = self.tokenizer.decode(done, skip_special_tokens=skip)
             done.append(tid)
-            delta = self.tokenizer.decode(done, skip_special_tokens=skip)[len(before):]
+            delta = self.tokenizer.decode(done, skip_special_tokens=skip)[len(before) :]
             await asyncio.sleep(self.delay)
             yield StepOutput(request_id, 0, [tid], delta)
         last = [] if stop_reason else [self.tokenizer.eos_token_id]
@@ -139,8 +139,14 @@ def build_app(settings, engine):
 def make_settings(db_url: str, **extra):
     from app.settings import Settings
 
-    values = dict(database_url=db_url, n8n_history_table="n8n_chat_histories", cors_origins=[],
-                  assistants_file=None, api_key=None, environment="development")
+    values = dict(
+        database_url=db_url,
+        n8n_history_table="n8n_chat_histories",
+        cors_origins=[],
+        assistants_file=None,
+        api_key=None,
+        environment="development",
+    )
     values.update(extra)
     return Settings(**values)
 

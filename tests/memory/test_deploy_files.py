@@ -49,8 +49,11 @@ def test_dockerfile_copies_what_the_package_needs():
 
 def test_example_workflows():
     flows = {p.name: json.loads(p.read_text()) for p in (ROOT / "examples" / "n8n").glob("*.json")}
-    assert set(flows) == {"chat-trigger-to-chatloom.json", "ai-agent-chatloom-model.json",
-                          "webhook-tool.json"}
+    assert set(flows) == {
+        "chat-trigger-to-chatloom.json",
+        "ai-agent-chatloom-model.json",
+        "webhook-tool.json",
+    }
     for name, flow in flows.items():
         names = {n["name"] for n in flow["nodes"]}
         for source, outputs in flow["connections"].items():

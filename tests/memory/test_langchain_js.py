@@ -50,15 +50,21 @@ async def test_langchain_js_reads_and_writes_chatloom_history(db_url, fake_engin
     fake_engine.say("Hi there.", call, "Oslo is cold.")
     async with running_app(make_settings(db_url), fake_engine) as client:
         await client.post("/webhook/default/chat", json={"sessionId": "lc", "chatInput": "Hello"})
-        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}},
-                  "webhook": {"url": webhook_server.base + "/w"}}]
+        tools = [
+            {
+                "type": "function",
+                "function": {"name": "get_weather", "parameters": {"type": "object"}},
+                "webhook": {"url": webhook_server.base + "/w"},
+            }
+        ]
         await client.post("/v1/assistants", json={"id": "wx", "name": "wx", "tools": tools})
         await client.post("/webhook/wx/chat", json={"sessionId": "lc", "chatInput": "Weather in Oslo?"})
 
         script = Path(JS_DIR) / "chatloom_check.mjs"
         script.write_text(SCRIPT)
-        run = subprocess.run(["node", str(script), db_url], capture_output=True, text=True, timeout=60,
-                             check=True)
+        run = subprocess.run(
+            ["node", str(script), db_url], capture_output=True, text=True, timeout=60, check=True
+        )
         seen = json.loads(run.stdout.strip().splitlines()[-1])
         assert [m["type"] for m in seen] == ["human", "ai", "human", "ai", "tool", "ai"]
         assert seen[3]["tool_calls"][0]["args"] == {"city": "Oslo"}

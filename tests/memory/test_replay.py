@@ -50,13 +50,21 @@ def test_window_start_moves_in_strides():
 
 
 def test_render_matches_the_chat_template(chat_tokenizer):
-    msgs = [_user("hi"), _asst("hello"), _user("call it"), _asst("", _call("c1")), _tool("c1", "42"),
-            _user("ok")]
+    msgs = [
+        _user("hi"),
+        _asst("hello"),
+        _user("call it"),
+        _asst("", _call("c1")),
+        _tool("c1", "42"),
+        _user("ok"),
+    ]
     tools = [{"type": "function", "function": {"name": "t", "parameters": {"type": "object"}}}]
     expected = chat_tokenizer.apply_chat_template(
         [{"role": "system", "content": "sys"}]
         + [{k: v for k, v in m.items() if v is not None} for m in msgs],
-        tools=tools, add_generation_prompt=True, tokenize=False,
+        tools=tools,
+        add_generation_prompt=True,
+        tokenize=False,
     )
     ids = replay.render_ids(chat_tokenizer, msgs, system_prompt="sys", tools=tools)
     assert chat_tokenizer.decode(ids) == expected
@@ -78,12 +86,18 @@ async def test_next_turn_extends_previous_prompt_token_for_token(fake_engine, tm
     fake_engine.say(*replies)
     async with running_app(make_settings(f"sqlite:///{tmp_path}/r.db"), fake_engine) as client:
         for i in range(3):
-            r = await client.post("/webhook/default/chat",
-                                  json={"sessionId": "px", "chatInput": f"question {i}"})
+            r = await client.post(
+                "/webhook/default/chat", json={"sessionId": "px", "chatInput": f"question {i}"}
+            )
             assert r.status_code == 200
         # tool rounds too: the call's ids and the result extend the prompt within the turn
-        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}},
-                  "webhook": {"url": webhook_server.base + "/w"}}]
+        tools = [
+            {
+                "type": "function",
+                "function": {"name": "get_weather", "parameters": {"type": "object"}},
+                "webhook": {"url": webhook_server.base + "/w"},
+            }
+        ]
         await client.post("/v1/assistants", json={"id": "wx", "name": "wx", "tools": tools})
         call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
         fake_engine.say(call, "Warm.")
@@ -144,19 +158,29 @@ async def test_second_turn_hits_the_prefix_cache(tiny_qwen3, tmp_path):
         from engine import AsyncEngine, EngineConfig
     except ImportError:
         pytest.skip("the engine has not landed")
-    engine = AsyncEngine(EngineConfig(model=str(tiny_qwen3), device="cpu", dtype="float32", num_kv_blocks=256,
-                                      max_model_len=2048))
+    engine = AsyncEngine(
+        EngineConfig(
+            model=str(tiny_qwen3), device="cpu", dtype="float32", num_kv_blocks=256, max_model_len=2048
+        )
+    )
     await engine.start()
     try:
         rec = Recording(engine)
         async with running_app(make_settings(f"sqlite:///{tmp_path}/e.db"), rec) as client:
-            await client.post("/v1/assistants", json={
-                "id": "greedy", "name": "greedy", "system_prompt": "You are terse. " * 20,
-                "sampling": {"temperature": 0, "max_tokens": 24}})
+            await client.post(
+                "/v1/assistants",
+                json={
+                    "id": "greedy",
+                    "name": "greedy",
+                    "system_prompt": "You are terse. " * 20,
+                    "sampling": {"temperature": 0, "max_tokens": 24},
+                },
+            )
             hits = []
             for i in range(3):
-                r = await client.post("/webhook/greedy/chat",
-                                      json={"sessionId": "real", "chatInput": f"turn {i}"})
+                r = await client.post(
+                    "/webhook/greedy/chat", json={"sessionId": "real", "chatInput": f"turn {i}"}
+                )
                 assert r.status_code == 200, r.text
                 hits.append(engine.stats()["prefix_cache_hit_tokens"])
             msgs = (await client.get("/v1/sessions/real/messages")).json()["data"]

@@ -31,8 +31,12 @@ async def test_load_and_append_stores_each_message_once(db_url):
         assert convo == first
         await record_reply(db, "oa", "hello", token_ids=[9707, 0])
         # a client that resends the whole history (n8n does) ...
-        resent = [system, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
-                  {"role": "user", "content": "again"}]
+        resent = [
+            system,
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "again"},
+        ]
         convo = await load_and_append(db, "oa", resent)
         assert [m["content"] for m in convo] == ["be brief", "hi", "hello", "again"]
         assert convo[2]["token_ids"] == [9707, 0]  # generated ids come back for the replay
@@ -110,8 +114,15 @@ def test_alembic_from_alembic_ini_both_ways(db_url):
         "command.current(cfg); command.check(cfg)"  # check: the models and the migrations agree
     )
     env = {**os.environ, "CHATLOOM_DATABASE_URL": db_url}
-    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, check=True, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "(head)" in out.stdout + out.stderr
 
 
@@ -140,6 +151,7 @@ async def test_concurrent_readers_import_n8n_rows_once(db_url):
         assert await asyncio.gather(*(read() for _ in range(4))) == [3] * 4
         async with db.session() as s:
             assert await s.scalar(sa.text("SELECT count(*) FROM messages WHERE session_id = 'race'")) == 3
+
         # and concurrent creators of one new session do not collide
         async def create(i: int) -> None:
             async with db.session() as s:

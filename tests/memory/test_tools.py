@@ -53,7 +53,7 @@ async def test_required_tool_round_trip(db_url, fake_engine, webhook_server):
         assert await _turn(client, created["id"], "t1", "Weather in Paris?") == "It is sunny in Paris."
 
         # the webhook got schema-valid arguments as its JSON body
-        (path, body), = webhook_server.received
+        ((path, body),) = webhook_server.received
         assert path == "/weather"
         jsonschema.validate(body, WEATHER["parameters"])
         assert body == {"city": "Paris", "unit": "C"}
@@ -120,11 +120,13 @@ async def test_assistant_validation(db_url, fake_engine):
     async with running_app(make_settings(db_url), fake_engine) as client:
         r = await client.post("/v1/assistants", json={"name": "x", "tool_choice": "required"})
         assert r.status_code == 400 and "tool_choice" in r.json()["error"]["message"]
-        r = await client.post("/v1/assistants",
-                              json={"name": "x", "memory": {"max_turns": 2, "max_tokens": 500}})
+        r = await client.post(
+            "/v1/assistants", json={"name": "x", "memory": {"max_turns": 2, "max_tokens": 500}}
+        )
         assert r.status_code == 400
-        r = await client.post("/v1/assistants", json={"name": "x", "tools": [{"type": "function",
-                                                      "function": WEATHER}]})
+        r = await client.post(
+            "/v1/assistants", json={"name": "x", "tools": [{"type": "function", "function": WEATHER}]}
+        )
         assert r.status_code == 400 and "webhook" in r.json()["error"]["message"]
         r = await client.post("/v1/assistants", json={"id": "default", "name": "again"})
         assert r.status_code == 409
@@ -138,8 +140,9 @@ async def test_required_tool_call_through_the_real_engine_and_grammar(tmp_path, 
     pytest.importorskip("grammar.api", reason="the grammar module (issue 4) has not landed")
     from engine import AsyncEngine, EngineConfig
 
-    config = EngineConfig(model=str(tiny_qwen3), device="cpu", dtype="float32", num_kv_blocks=256,
-                          max_model_len=2048)
+    config = EngineConfig(
+        model=str(tiny_qwen3), device="cpu", dtype="float32", num_kv_blocks=256, max_model_len=2048
+    )
     engine = AsyncEngine(config)
     await engine.start()
     try:
@@ -147,8 +150,9 @@ async def test_required_tool_call_through_the_real_engine_and_grammar(tmp_path, 
             body = assistant(webhook_server.base + "/weather")
             body["sampling"] = {"temperature": 0.6, "max_tokens": 48, "seed": 1}
             aid = (await client.post("/v1/assistants", json=body)).json()["id"]
-            r = await client.post(f"/webhook/{aid}/chat",
-                                  json={"sessionId": "real-tool", "chatInput": "Paris?"})
+            r = await client.post(
+                f"/webhook/{aid}/chat", json={"sessionId": "real-tool", "chatInput": "Paris?"}
+            )
             assert r.status_code == 200, r.text
             msgs = (await client.get("/v1/sessions/real-tool/messages")).json()["data"]
     finally:

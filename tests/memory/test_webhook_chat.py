@@ -32,13 +32,20 @@ async def test_two_turns_persist_and_survive_restart(db_url, fake_engine):
     settings = make_settings(db_url)
     fake_engine.say("Hello! How can I help?", "Paris is the capital of France.")
     async with running_app(settings, fake_engine) as client:
-        r1 = await client.post("/webhook/default/chat",
-                               json={"action": "sendMessage", "sessionId": SID, "chatInput": "Hi"})
+        r1 = await client.post(
+            "/webhook/default/chat", json={"action": "sendMessage", "sessionId": SID, "chatInput": "Hi"}
+        )
         assert r1.status_code == 200, r1.text
         assert r1.json() == {"output": "Hello! How can I help?"}
-        r2 = await client.post("/webhook/default/chat",
-                               json={"action": "sendMessage", "sessionId": SID,
-                                     "chatInput": "What is the capital of France?", "metadata": {}})
+        r2 = await client.post(
+            "/webhook/default/chat",
+            json={
+                "action": "sendMessage",
+                "sessionId": SID,
+                "chatInput": "What is the capital of France?",
+                "metadata": {},
+            },
+        )
         assert r2.json() == {"output": "Paris is the capital of France."}
         # the second turn replayed the first (system prompt, user, reply) into the engine
         assert fake_engine.calls[1].retention_key == SID
@@ -55,12 +62,15 @@ async def test_two_turns_persist_and_survive_restart(db_url, fake_engine):
             ("user", "What is the capital of France?"),
             ("assistant", "Paris is the capital of France."),
         ]
-        r = await client.post("/webhook/default/chat",
-                              json={"action": "loadPreviousSession", "sessionId": SID})
+        r = await client.post(
+            "/webhook/default/chat", json={"action": "loadPreviousSession", "sessionId": SID}
+        )
         data = r.json()["data"]
         assert len(data) == 4
         assert data[0] == {
-            "lc": 1, "type": "constructor", "id": ["langchain_core", "messages", "HumanMessage"],
+            "lc": 1,
+            "type": "constructor",
+            "id": ["langchain_core", "messages", "HumanMessage"],
             "kwargs": {"content": "Hi", "additional_kwargs": {}, "response_metadata": {}},
         }
         assert data[1]["id"][-1] == "AIMessage" and data[1]["kwargs"]["content"] == "Hello! How can I help?"
@@ -82,8 +92,9 @@ async def test_ndjson_stream_equals_stored_reply(db_url, fake_engine):
         kinds = [x["type"] for x in lines]
         assert kinds[0] == "begin" and kinds[-1] == "end" and set(kinds[1:-1]) == {"item"}
         assert len(kinds) > 4  # really streamed in pieces
-        assert all({"nodeId", "nodeName", "runIndex", "itemIndex", "timestamp"} <= set(x["metadata"])
-                   for x in lines)
+        assert all(
+            {"nodeId", "nodeName", "runIndex", "itemIndex", "timestamp"} <= set(x["metadata"]) for x in lines
+        )
         joined = "".join(x["content"] for x in lines if x["type"] == "item")
         stored = (await client.get("/v1/sessions/s-stream/messages")).json()["data"]
         assert stored[-1]["role"] == "assistant" and stored[-1]["content"] == joined
@@ -96,8 +107,12 @@ async def test_multipart_custom_keys_and_cors(db_url, fake_engine):
     async with running_app(settings, fake_engine) as client:
         r = await client.post(
             "/webhook/default/chat?sessionKey=conversation&inputKey=question",
-            data={"action": "sendMessage", "conversation": "s-multi", "question": "see attached",
-                  "metadata": json.dumps({"user": "ann"})},
+            data={
+                "action": "sendMessage",
+                "conversation": "s-multi",
+                "question": "see attached",
+                "metadata": json.dumps({"user": "ann"}),
+            },
             files=[("files", ("notes.txt", b"hello", "text/plain"))],
         )
         assert r.status_code == 200, r.text
@@ -106,8 +121,11 @@ async def test_multipart_custom_keys_and_cors(db_url, fake_engine):
         assert msgs[0]["content"].startswith("see attached") and "notes.txt" in msgs[0]["content"]
         pre = await client.options(
             "/webhook/default/chat",
-            headers={"Origin": "http://widget.example", "Access-Control-Request-Method": "POST",
-                     "Access-Control-Request-Headers": "content-type"},
+            headers={
+                "Origin": "http://widget.example",
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "content-type",
+            },
         )
         assert pre.status_code == 200
         assert pre.headers["access-control-allow-origin"] == "http://widget.example"
@@ -115,15 +133,17 @@ async def test_multipart_custom_keys_and_cors(db_url, fake_engine):
 
 async def test_protocol_errors(db_url, fake_engine):
     async with running_app(make_settings(db_url), fake_engine) as client:
-        r = await client.post("/webhook/nope/chat",
-                              json={"action": "sendMessage", "sessionId": "x", "chatInput": "a"})
+        r = await client.post(
+            "/webhook/nope/chat", json={"action": "sendMessage", "sessionId": "x", "chatInput": "a"}
+        )
         assert r.status_code == 404 and r.json()["error"]["param"] == "assistant_id"
         r = await client.post("/webhook/default/chat", json={"action": "sendMessage", "chatInput": "a"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "sessionId"
         r = await client.post("/webhook/default/chat", json={"action": "dance", "sessionId": "x"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "action"
-        r = await client.post("/webhook/default/chat", content=b"{not json",
-                              headers={"content-type": "application/json"})
+        r = await client.post(
+            "/webhook/default/chat", content=b"{not json", headers={"content-type": "application/json"}
+        )
         assert r.status_code == 400
 
 
@@ -166,8 +186,11 @@ async def test_ndjson_streams_over_real_http(tmp_path, fake_engine):
     settings = make_settings(f"sqlite:///{tmp_path}/h.db", cors_origins=["http://widget.example"])
     fake_engine.delay = 0.05
     fake_engine.say("one two three four five six seven eight")
-    server = uvicorn.Server(uvicorn.Config(build_app(settings, fake_engine), host="127.0.0.1", port=0,
-                                           log_level="warning", lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            build_app(settings, fake_engine), host="127.0.0.1", port=0, log_level="warning", lifespan="on"
+        )
+    )
     task = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.02)
@@ -195,9 +218,11 @@ async def test_widget_get_mode(db_url, fake_engine):
     """@n8n/chat with webhookConfig.method "GET" sends the same fields as query parameters."""
     fake_engine.say("Over GET.")
     async with running_app(make_settings(db_url), fake_engine) as client:
-        r = await client.get("/webhook/default/chat",
-                             params={"action": "sendMessage", "sessionId": "g", "chatInput": "hi"})
+        r = await client.get(
+            "/webhook/default/chat", params={"action": "sendMessage", "sessionId": "g", "chatInput": "hi"}
+        )
         assert r.json() == {"output": "Over GET."}
-        r = await client.get("/webhook/default/chat",
-                             params={"action": "loadPreviousSession", "sessionId": "g"})
+        r = await client.get(
+            "/webhook/default/chat", params={"action": "loadPreviousSession", "sessionId": "g"}
+        )
         assert [d["kwargs"]["content"] for d in r.json()["data"]] == ["hi", "Over GET."]
