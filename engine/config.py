@@ -25,6 +25,10 @@ class EngineConfig:
     enforce_eager: bool = False  # no CUDA graphs
     # prepare step N+1 while the device runs step N; None: on CUDA only (no gain on the CPU)
     async_scheduling: bool | None = None
+    # with async scheduling, a step whose rows read the previous tokens on the host (grammars,
+    # penalties, logits processors) prepares the next step before it launches its sampling, and
+    # launches the next forward right after: the device no longer waits for that preparation
+    launch_ahead: bool = True
     seed: int = 0
     load_format: str = "auto"
     tokenizer: str | None = None  # defaults to the model folder

@@ -86,6 +86,8 @@ class EngineCore:
         overlap = config.async_scheduling
         self.overlap = self.device.type == "cuda" if overlap is None else overlap
         self._inflight: _InFlight | None = None
+        # (batch, logits, sampling) of a step whose forward a late-sampling step already launched
+        self._ahead: tuple | None = None
         self.startup_seconds = time.perf_counter() - t0
         log.info(
             "engine ready in %.1fs: %s on %s (%s)",
@@ -167,10 +169,11 @@ class EngineCore:
         for rid in ids:
             self.abort(rid)
         self._inflight = None
+        self._ahead = None
         return ids
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or self._inflight is not None
+        return self.scheduler.has_unfinished() or self._inflight is not None or self._ahead is not None
 
     def reset_prefix_cache(self) -> None:
         self.block_manager.reset_prefix_cache()
@@ -198,16 +201,17 @@ class EngineCore:
         host fills their masks and launches the sampling."""
         outputs: list[StepOutput] = []
         prev, self._inflight = self._inflight, None
-        batch = self.scheduler.schedule()
-        if not batch:
-            if prev is not None:
-                outputs += self._finish(prev)
-            return outputs
-        self.num_steps += 1
-        for seq in batch.seqs[batch.num_decodes :]:  # a sequence's first step is always a prefill
-            if seq.constraint is None and seq.params.constraint is not None:
-                seq.constraint = seq.params.constraint.new()
-        logits, sampling = self.runner.execute(batch, prev.token_ids if prev is not None else None)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:  # launched by the previous step (see _sample_launch_next)
+            batch, logits, sampling = ahead
+        else:
+            batch = self.scheduler.schedule()
+            if not batch:
+                if prev is not None:
+                    outputs += self._finish(prev)
+                return outputs
+            self._begin(batch)
+            logits, sampling = self.runner.execute(batch, prev.token_ids if prev is not None else None)
         seqs = [batch.seqs[i] for i in sampling]
         # sampling waits for the previous tokens only when a row reads them on the host
         late = prev is not None and any(s.needs_host_tokens for s in seqs)
@@ -215,6 +219,9 @@ class EngineCore:
         if prev is not None:
             outputs += self._finish(prev)  # waits only for the previous step's tokens
         if logits is not None and late:
+            if self.overlap and self.config.launch_ahead:
+                self._inflight = self._sample_launch_next(logits, seqs, batch)
+                return outputs
             launched = self._sample(logits, seqs)
         self.scheduler.after_step(batch)
         if launched is not None:
@@ -224,6 +231,12 @@ class EngineCore:
                 outputs += self._finish(launched)
         return outputs
 
+    def _begin(self, batch) -> None:
+        self.num_steps += 1
+        for seq in batch.seqs[batch.num_decodes :]:  # a sequence's first step is always a prefill
+            if seq.constraint is None and seq.params.constraint is not None:
+                seq.constraint = seq.params.constraint.new()
+
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> _InFlight:
         """Launch sampling for the rows of logits (one per sequence). A sequence that stopped since
         it was scheduled keeps its row, but nothing of it is read and its token is dropped."""
@@ -231,20 +244,48 @@ class EngineCore:
         raw = logits.clone() if any(t is not None for t in top) else None
         logits = self.sampler.process(logits, seqs)
         token_ids = self.sampler.sample(logits, seqs)
-        lps = logprob_tensors(raw, token_ids, top) if raw is not None else None
+        positions = self._reserve(seqs)
+        return self._launched(seqs, positions, token_ids, raw, top)
+
+    def _sample_launch_next(self, logits: torch.Tensor, seqs: list[Sequence], batch) -> _InFlight:
+        """_sample for a step whose rows read the previous tokens on the host, with the next step's
+        host work (schedule, inputs) done before the sampling launch and its forward launched right
+        after: the device goes from this step's sampling straight into the next forward."""
+        top = [None if s.is_finished else s.params.logprobs for s in seqs]
+        raw = logits.clone() if any(t is not None for t in top) else None
+        logits = self.sampler.process(logits, seqs)  # masks from the counts before this step's token
+        positions = self._reserve(seqs)
+        self.scheduler.after_step(batch)
+        nxt = self.scheduler.schedule()
+        step = None
+        if nxt:
+            self._begin(nxt)
+            step = self.runner.prepare(nxt, defer_pending=True)
+        token_ids = self.sampler.sample(logits, seqs)
+        launched = self._launched(seqs, positions, token_ids, raw, top)
+        if step is not None:
+            self._ahead = (nxt, *self.runner.run(nxt, step, pending=token_ids))
+        return launched
+
+    def _reserve(self, seqs: list[Sequence]) -> list[int]:
+        """A placeholder for each row's token in flight; returns where each sits (-1: row dropped)."""
         positions = []
-        for row, seq in enumerate(seqs):
+        for seq in seqs:
             if seq.is_finished:
                 positions.append(-1)
                 continue
             positions.append(seq.num_tokens)
             seq.append_token(PENDING)
-            seq.pending_row = row
+            seq.pending_row = len(positions) - 1
             p = seq.params
             if (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or (
                 seq.num_tokens >= self.max_model_len
             ):
                 seq.done_scheduling = True  # its last token is in flight
+        return positions
+
+    def _launched(self, seqs, positions, token_ids, raw, top) -> _InFlight:
+        lps = logprob_tensors(raw, token_ids, top) if raw is not None else None
         host = token_ids
         event = None
         if token_ids.device.type == "cuda":

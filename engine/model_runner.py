@@ -77,10 +77,14 @@ class ModelRunner:
             raise ValueError("not enough memory for a single KV block; lower max_model_len or add memory")
         return int(blocks)
 
-    def prepare(self, batch: ScheduledBatch, pending: torch.Tensor | None = None) -> StepInputs:
+    def prepare(
+        self, batch: ScheduledBatch, pending: torch.Tensor | None = None, defer_pending: bool = False
+    ) -> StepInputs:
         """The step's tensors, moved in one host-to-device copy per dtype. Decodes (one token each,
         the last of their sequence) are built a column at a time with numpy; block tables come from
-        a host copy that only learns the blocks gained since the last step."""
+        a host copy that only learns the blocks gained since the last step. Tokens still in flight
+        come from `pending` (the previous step's sampled ids on the device); with defer_pending they
+        are filled in later by `run` (the previous step's sampling is not launched yet)."""
         if self._staging is None:
             self._tables = BlockTables(2 * self.config.max_num_seqs)
             self._staging = Staging(self.device)
@@ -159,20 +163,26 @@ class ModelRunner:
             prefill_seq_lens=t[h_pre[2]] if h_pre else None,
             prefill_max_q=max(q_lens, default=0),
         )
-        ids = t[h_ids]
-        if k:
-            if pending is None:
-                raise RuntimeError("a scheduled token is still in flight but no previous step was given")
-            where = t[h_pend]
-            ids.index_copy_(0, where[:k], pending.index_select(0, where[k:]))
-        return StepInputs(ids, t[h_pos], meta, sample_rows, t[h_rows], sampling)
+        in_flight = t[h_pend] if k else None
+        step = StepInputs(t[h_ids], t[h_pos], meta, sample_rows, t[h_rows], sampling, in_flight)
+        if k and not defer_pending:
+            _fill_pending(step, pending)
+        return step
 
     @torch.inference_mode()
     def execute(
         self, batch: ScheduledBatch, pending: torch.Tensor | None = None
     ) -> tuple[torch.Tensor | None, list[int]]:
         """Runs one step; returns (logits (num_sampling, vocab) float32, the batch indices that sample)."""
-        step = self.prepare(batch, pending)
+        return self.run(batch, self.prepare(batch, pending))
+
+    @torch.inference_mode()
+    def run(
+        self, batch: ScheduledBatch, step: StepInputs, pending: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor | None, list[int]]:
+        """The forward of prepared inputs (`pending`: the in-flight tokens a deferred prepare left out)."""
+        if pending is not None:
+            _fill_pending(step, pending)
         input_ids, positions, meta = step.input_ids, step.positions, step.meta
         bs = len(batch.seqs)
         if (
@@ -214,6 +224,17 @@ class StepInputs(NamedTuple):
     sample_rows: list[int]  # token rows whose logits are sampled (each a sequence's last token)
     rows: torch.Tensor  # (num_sampling,) the same rows on the device
     sampling: list[int]  # batch positions of the sequences that sample, in row order
+    pending_at: torch.Tensor | None = None  # (2k,) positions of in-flight tokens, then their sampled rows
+
+
+def _fill_pending(step: StepInputs, pending: torch.Tensor | None) -> None:
+    """Copies the in-flight tokens (rows of the previous step's sampled ids) into the step's ids."""
+    if step.pending_at is None:
+        return
+    if pending is None:
+        raise RuntimeError("a scheduled token is still in flight but no previous step was given")
+    k = step.pending_at.shape[0] // 2
+    step.input_ids.index_copy_(0, step.pending_at[:k], pending.index_select(0, step.pending_at[k:]))
 
 
 class _Upload:

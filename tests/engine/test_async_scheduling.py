@@ -223,10 +223,40 @@ def test_host_token_rows_keep_steps_overlapped(pair):
     core.add_request(
         "pen", prompts(5)[4], SamplingParams(max_tokens=8, frequency_penalty=1.0, ignore_eos=True)
     )
-    overlapped = 0
+    overlapped = ahead = 0
     while core.has_unfinished():
         core.step()
         overlapped += core._inflight is not None
+        ahead += core._ahead is not None
     assert overlapped >= 8  # every step but the last leaves its tokens in flight
+    assert ahead >= 6  # ... and the next step's forward is launched (launch_ahead)
     stats = pair[1].stats()
     assert stats["free_blocks"] == stats["total_blocks"]
+
+
+def test_launch_ahead_equals_launch_after_and_survives_aborts(tiny_qwen3):
+    # the same constrained + penalty traffic with the next forward launched ahead or not: same
+    # tokens; a request aborted while the step holding it was launched ahead leaves no blocks behind
+    kw = dict(device="cpu", dtype="float32", num_kv_blocks=64, block_size=16, async_scheduling=True)
+    results = []
+    for launch_ahead in (True, False):
+        core = LLM(tiny_qwen3, launch_ahead=launch_ahead, **kw).core
+        for i, p in enumerate(_chain_params(core, 4, temperature=0)):
+            core.add_request(f"c{i}", prompts(4)[i], p)
+        pen = SamplingParams(temperature=0, max_tokens=8, frequency_penalty=1.0, ignore_eos=True)
+        core.add_request("pen", prompts(5)[4], pen)
+        core.add_request("gone", prompts(6)[5], pen)
+        tokens: dict[str, list[int]] = {}
+        steps = 0
+        while core.has_unfinished():
+            for out in core.step():
+                tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+            steps += 1
+            if steps == 4:
+                assert (core._ahead is not None) == launch_ahead
+                core.abort("gone")
+        tokens.pop("gone", None)
+        results.append(tokens)
+        stats = core.stats()
+        assert stats["free_blocks"] == stats["total_blocks"] and stats["running"] == 0
+    assert results[0] == results[1] and len(results[0]) == 5
