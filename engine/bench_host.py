@@ -60,7 +60,7 @@ def run(batch: int, steps: int, profile: bool, folder: Path) -> dict:
         model=str(folder),
         device="cpu",
         dtype="float32",
-        num_kv_blocks=need + 64,
+        num_kv_blocks=max(need, batch * 4096 // 16) + 64,
         max_num_seqs=batch,
         max_model_len=4096,
         async_scheduling=True,
