@@ -115,6 +115,15 @@ def _model_vocab(llm) -> int | None:
     return size
 
 
+def _timed_run(llm, prompts, params, around, label: str) -> tuple[list, float]:
+    """(outputs, seconds) of one timed run from an empty prefix cache, inside around(label) if given."""
+    llm.reset_prefix_cache()
+    with around(label) if around else nullcontext():
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params)
+        return outs, time.perf_counter() - t0
+
+
 def run_g1(
     llm,
     n_requests: int = 64,
@@ -168,23 +177,15 @@ def run_g1(
     complete = valid = n_requests
     for _ in range(max(1, repeats)):
         # each pair: the constrained run, then the same prompts unconstrained with its lengths
-        llm.reset_prefix_cache()
-        with around("constrained") if around else nullcontext():
-            t0 = time.perf_counter()
-            outs = llm.generate(prompts, params)
-            constrained_s = time.perf_counter() - t0
+        outs, constrained_s = _timed_run(llm, prompts, params, around, "constrained")
         token_ids = [o.outputs[0].token_ids for o in outs]
         lengths = [len(ids) for ids in token_ids]
         texts = [tokenizer.decode(ids, skip_special_tokens=False) for ids in token_ids]
         complete = min(complete, sum(o.outputs[0].finish_reason == "stop" for o in outs))
         valid = min(valid, count_valid(texts, tools))
 
-        llm.reset_prefix_cache()
         free = [SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True) for n in lengths]
-        with around("unconstrained") if around else nullcontext():
-            t0 = time.perf_counter()
-            free_outs = llm.generate(prompts, free)
-            unconstrained_s = time.perf_counter() - t0
+        free_outs, unconstrained_s = _timed_run(llm, prompts, free, around, "unconstrained")
         free_tokens = sum(len(o.outputs[0].token_ids) for o in free_outs)
         pairs.append((sum(lengths), constrained_s, free_tokens, unconstrained_s))
 
