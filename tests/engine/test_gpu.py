@@ -111,3 +111,29 @@ def test_chat_turns_replay_prefill_graphs(ckpt):
     assert llm.stats()["prefix_cache_hit_tokens"] > 0
     ties = compare(ours, hf_greedy(ckpt, torch.bfloat16, ps), bf16_tie)
     print(f"prefill graphs: 3 turns, near-tie divergences {ties}")
+
+
+def test_launch_ahead_matches_synchronous(ckpt):
+    """Rows that read their previous token on the host (frequency penalties) take the launch-ahead
+    path on CUDA (the next forward launched before their tokens are read back): the same tokens as
+    the synchronous engine, with the next step launched ahead on most steps."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ps = prompts()[:6]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, frequency_penalty=0.5 + i % 3 / 4)
+        for i in range(len(ps))
+    ]
+    kw = dict(dtype="float32", max_model_len=1024, max_num_seqs=8, num_kv_blocks=1024)
+    sync = LLM(ckpt, async_scheduling=False, **kw)
+    want = [o.token_ids for o in sync.generate(ps, params)]
+    core = LLM(ckpt, async_scheduling=True, **kw).core
+    for i, (p, sp) in enumerate(zip(ps, params, strict=True)):
+        core.add_request(str(i), p, sp)
+    got: dict[str, list[int]] = {}
+    ahead = 0
+    while core.has_unfinished():
+        for out in core.step():
+            got.setdefault(out.request_id, []).extend(out.new_token_ids)
+        ahead += core._ahead is not None
+    assert [got[str(i)] for i in range(len(ps))] == want
+    assert ahead >= 20
