@@ -199,3 +199,32 @@ async def test_failed_step_ends_its_requests_and_the_engine_keeps_serving(engine
     assert sum(len(o.new_token_ids) for o in outs) == 4
     stats = await wait_idle(engine)
     assert stats["free_blocks"] == stats["total_blocks"]
+
+
+async def test_overlapped_penalty_rows_launch_ahead_and_abort(tiny_qwen3):
+    # the server's loop over an overlapped engine (the CUDA default) with rows that read their
+    # previous token on the host (penalties: each step launches the next forward ahead): concurrent
+    # requests get their alone tokens, one aborted mid-stream leaves no blocks behind
+    cfg = dict(model=str(tiny_qwen3), device="cpu", dtype="float32", num_kv_blocks=256)
+    eng = AsyncEngine(EngineConfig(**cfg, async_scheduling=True))
+    await eng.start()
+    try:
+        pen = [greedy(10 + 3 * i, frequency_penalty=0.5, presence_penalty=0.2) for i in range(4)]
+        alone = [await collect(eng, prompt(20 + i, 30 + 5 * i), pen[i]) for i in range(4)]
+
+        async def aborted() -> None:
+            n = 0
+            long = greedy(500, frequency_penalty=0.5)
+            async for _ in eng.generate(prompt(30, 50), long, request_id="gone"):
+                n += 1
+                if n == 3:
+                    await eng.abort("gone")
+
+        together = await asyncio.gather(
+            *(collect(eng, prompt(20 + i, 30 + 5 * i), pen[i]) for i in range(4)), aborted()
+        )
+        assert [t["tokens"] for t in together[:4]] == [a["tokens"] for a in alone]
+        s = await wait_idle(eng)
+        assert s["free_blocks"] == s["total_blocks"]
+    finally:
+        await eng.shutdown()
