@@ -198,7 +198,9 @@ class EngineCore:
         device and are read back during the next step: the GPU runs the forward of step N while the
         host finishes step N-1. Rows that need the previous token on the host before they sample
         (grammars, penalties, logits processors) get it while this step's forward runs; then the
-        host fills their masks and launches the sampling."""
+        host fills their masks and launches the sampling, and with launch_ahead it has already
+        scheduled and prepared the next step, whose forward it launches right after (the next call
+        starts from that launched step)."""
         outputs: list[StepOutput] = []
         prev, self._inflight = self._inflight, None
         ahead, self._ahead = self._ahead, None
