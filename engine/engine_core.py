@@ -86,7 +86,7 @@ class EngineCore:
         overlap = config.async_scheduling
         self.overlap = self.device.type == "cuda" if overlap is None else overlap
         self._inflight: _InFlight | None = None
-        # (batch, logits, sampling) of a step whose forward a late-sampling step already launched
+        # (batch, logits, sampling) of a step whose forward the previous step launched (launch_ahead)
         self._ahead: tuple | None = None
         self.startup_seconds = time.perf_counter() - t0
         log.info(
@@ -204,7 +204,7 @@ class EngineCore:
         outputs: list[StepOutput] = []
         prev, self._inflight = self._inflight, None
         ahead, self._ahead = self._ahead, None
-        if ahead is not None:  # launched by the previous step (see _sample_launch_next)
+        if ahead is not None:  # launched by the previous step (see _sample's ahead_of)
             batch, logits, sampling = ahead
         else:
             batch = self.scheduler.schedule()
@@ -222,7 +222,7 @@ class EngineCore:
             outputs += self._finish(prev)  # waits only for the previous step's tokens
         if logits is not None and late:
             if self.overlap and self.config.launch_ahead:
-                self._inflight = self._sample_launch_next(logits, seqs, batch)
+                self._inflight = self._sample(logits, seqs, ahead_of=batch)  # ran after_step(batch)
                 return outputs
             launched = self._sample(logits, seqs)
         self.scheduler.after_step(batch)
@@ -239,30 +239,25 @@ class EngineCore:
             if seq.constraint is None and seq.params.constraint is not None:
                 seq.constraint = seq.params.constraint.new()
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> _InFlight:
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], ahead_of=None) -> _InFlight:
         """Launch sampling for the rows of logits (one per sequence). A sequence that stopped since
-        it was scheduled keeps its row, but nothing of it is read and its token is dropped."""
-        top = [None if s.is_finished else s.params.logprobs for s in seqs]
-        raw = logits.clone() if any(t is not None for t in top) else None
-        logits = self.sampler.process(logits, seqs)
-        token_ids = self.sampler.sample(logits, seqs)
-        positions = self._reserve(seqs)
-        return self._launched(seqs, positions, token_ids, raw, top)
+        it was scheduled keeps its row, but nothing of it is read and its token is dropped.
 
-    def _sample_launch_next(self, logits: torch.Tensor, seqs: list[Sequence], batch) -> _InFlight:
-        """_sample for a step whose rows read the previous tokens on the host, with the next step's
-        host work (schedule, inputs) done before the sampling launch and its forward launched right
-        after: the device goes from this step's sampling straight into the next forward."""
+        ahead_of: the batch just run, for a step whose rows read the previous tokens on the host
+        (launch_ahead). Its after_step runs here, and the next step is scheduled and prepared before
+        the sampling launch and its forward launched right after: the device goes from this
+        sampling straight into the next forward (the next step() starts from it)."""
         top = [None if s.is_finished else s.params.logprobs for s in seqs]
         raw = logits.clone() if any(t is not None for t in top) else None
         logits = self.sampler.process(logits, seqs)  # masks from the counts before this step's token
         positions = self._reserve(seqs)
-        self.scheduler.after_step(batch)
-        nxt = self.scheduler.schedule()
-        step = None
-        if nxt:
-            self._begin(nxt)
-            step = self.runner.prepare(nxt, defer_pending=True)
+        nxt = step = None
+        if ahead_of is not None:
+            self.scheduler.after_step(ahead_of)
+            nxt = self.scheduler.schedule()
+            if nxt:
+                self._begin(nxt)
+                step = self.runner.prepare(nxt, defer_pending=True)
         token_ids = self.sampler.sample(logits, seqs)
         launched = self._launched(seqs, positions, token_ids, raw, top)
         if step is not None:
@@ -272,13 +267,13 @@ class EngineCore:
     def _reserve(self, seqs: list[Sequence]) -> list[int]:
         """A placeholder for each row's token in flight; returns where each sits (-1: row dropped)."""
         positions = []
-        for seq in seqs:
+        for row, seq in enumerate(seqs):
             if seq.is_finished:
                 positions.append(-1)
                 continue
             positions.append(seq.num_tokens)
             seq.append_token(PENDING)
-            seq.pending_row = len(positions) - 1
+            seq.pending_row = row
             p = seq.params
             if (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or (
                 seq.num_tokens >= self.max_model_len

@@ -164,7 +164,7 @@ class ModelRunner:
             prefill_max_q=max(q_lens, default=0),
         )
         in_flight = t[h_pend] if k else None
-        step = StepInputs(t[h_ids], t[h_pos], meta, sample_rows, t[h_rows], sampling, in_flight)
+        step = StepInputs(t[h_ids], t[h_pos], meta, t[h_rows], sampling, in_flight)
         if k and not defer_pending:
             _fill_pending(step, pending)
         return step
@@ -221,8 +221,7 @@ class StepInputs(NamedTuple):
     input_ids: torch.Tensor  # (num_tokens,) int64: decodes first, then the prefill chunks
     positions: torch.Tensor  # (num_tokens,) int64
     meta: AttentionMetadata
-    sample_rows: list[int]  # token rows whose logits are sampled (each a sequence's last token)
-    rows: torch.Tensor  # (num_sampling,) the same rows on the device
+    rows: torch.Tensor  # (num_sampling,) token rows whose logits are sampled (each a sequence's last)
     sampling: list[int]  # batch positions of the sequences that sample, in row order
     pending_at: torch.Tensor | None = None  # (2k,) positions of in-flight tokens, then their sampled rows
 
