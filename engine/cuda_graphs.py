@@ -50,8 +50,11 @@ def default_sizes(max_num_seqs: int) -> list[int]:
     return sorted(set(sizes))
 
 
-class DecodeGraphs:
-    def __init__(self, model, kv_caches, sizes: list[int], max_blocks: int, device: torch.device) -> None:
+class _TokenGraphs:
+    """What both kinds share: a ladder of sizes and the static token inputs (ids, positions, K/V
+    slots) of the largest, loaded for a step with the padding tokens' slots set to -1."""
+
+    def __init__(self, model, kv_caches, sizes: list[int], device: torch.device) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.sizes = sorted(sizes)
@@ -59,6 +62,29 @@ class DecodeGraphs:
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
         self.positions = torch.zeros(n, dtype=torch.int64, device=device)
         self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
+
+    def padded_size(self, n: int) -> int | None:
+        return padded_size(self.sizes, n)
+
+    def _load_tokens(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> int:
+        """Copies a step's (n,) token inputs in; returns the captured size they are padded to."""
+        n = input_ids.shape[0]
+        size = self.padded_size(n)
+        assert size is not None
+        self.input_ids[:n].copy_(input_ids)
+        self.positions[:n].copy_(positions)
+        self.slot_mapping[:n].copy_(slot_mapping)
+        if size > n:
+            self.slot_mapping[n:size].fill_(-1)
+        return size
+
+
+class DecodeGraphs(_TokenGraphs):
+    def __init__(self, model, kv_caches, sizes: list[int], max_blocks: int, device: torch.device) -> None:
+        super().__init__(model, kv_caches, sizes, device)
+        n = self.sizes[-1]
         self.block_tables = torch.zeros((n, max_blocks), dtype=torch.int32, device=device)
         self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
         self.graphs = capture_ladder(self.sizes, self._forward, "capturing CUDA graphs")
@@ -76,9 +102,6 @@ class DecodeGraphs:
         hidden = self.model(self.input_ids[:bs], self.positions[:bs], self.kv_caches, meta)
         return self.model.compute_logits(hidden)
 
-    def padded_size(self, bs: int) -> int | None:
-        return padded_size(self.sizes, bs)
-
     def run(
         self,
         input_ids: torch.Tensor,  # (bs,)
@@ -88,15 +111,10 @@ class DecodeGraphs:
         seq_lens: torch.Tensor,  # (bs,) int32
     ) -> torch.Tensor:  # (bs, vocab) float32 logits (a view of the graph's output)
         bs = input_ids.shape[0]
-        size = self.padded_size(bs)
-        assert size is not None
-        self.input_ids[:bs].copy_(input_ids)
-        self.positions[:bs].copy_(positions)
-        self.slot_mapping[:bs].copy_(slot_mapping)
+        size = self._load_tokens(input_ids, positions, slot_mapping)
         self.block_tables[:bs, : block_tables.shape[1]].copy_(block_tables)
         self.seq_lens[:bs].copy_(seq_lens)
         if size > bs:
-            self.slot_mapping[bs:size].fill_(-1)
             self.seq_lens[bs:size].fill_(0)
         graph, logits = self.graphs[size]
         graph.replay()
@@ -107,18 +125,12 @@ def default_extend_sizes(max_tokens: int) -> list[int]:
     return [s for s in (16, 32, 64, 128, 256, 512) if s <= max_tokens]
 
 
-class ExtendGraphs:
+class ExtendGraphs(_TokenGraphs):
     """A batch of exactly one prefill chunk of <= max(sizes) tokens: run eagerly, such a step is bound
     by the host launching ~300 kernels; replayed, by the GPU."""
 
     def __init__(self, model, kv_caches, sizes: list[int], max_blocks: int, device: torch.device) -> None:
-        self.model = model
-        self.kv_caches = kv_caches
-        self.sizes = sorted(sizes)
-        n = self.sizes[-1]
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
+        super().__init__(model, kv_caches, sizes, device)
         self.block_table = torch.zeros((1, max_blocks), dtype=torch.int32, device=device)
         self.cu_seqlens = torch.zeros(2, dtype=torch.int32, device=device)
         self.seq_len = torch.zeros(1, dtype=torch.int32, device=device)
@@ -146,9 +158,6 @@ class ExtendGraphs:
         hidden = self.model(self.input_ids[:n], self.positions[:n], self.kv_caches, meta)
         return self.model.compute_logits(hidden.index_select(0, self.last_row))
 
-    def padded_size(self, n: int) -> int | None:
-        return padded_size(self.sizes, n)
-
     def run(
         self,
         input_ids: torch.Tensor,  # (n,)
@@ -159,13 +168,7 @@ class ExtendGraphs:
         seq_len: torch.Tensor,  # (1,) int32: cached + n
     ) -> torch.Tensor:  # (1, vocab) float32 logits of the last token (a view of the graph's output)
         n = input_ids.shape[0]
-        size = self.padded_size(n)
-        assert size is not None
-        self.input_ids[:n].copy_(input_ids)
-        self.positions[:n].copy_(positions)
-        self.slot_mapping[:n].copy_(slot_mapping)
-        if size > n:
-            self.slot_mapping[n:size].fill_(-1)
+        size = self._load_tokens(input_ids, positions, slot_mapping)
         self.block_table[:, : block_table.shape[1]].copy_(block_table)
         self.cu_seqlens.copy_(cu_seqlens)
         self.seq_len.copy_(seq_len)

@@ -60,3 +60,48 @@ def test_padded_size():
     assert padded_size(sizes, 3) == 4 and padded_size(sizes, 17) == 24 and padded_size(sizes, 40) == 40
     assert padded_size(sizes, 41) is None
     assert cuda_graphs.default_extend_sizes(100) == [16, 32, 64]
+
+
+def test_graph_inputs_are_loaded_and_padded(monkeypatch):
+    # run() copies a step's inputs into the captured graph's static buffers: the padding rows/tokens
+    # up to the captured size write no K/V (slot -1) and decode rows attend to nothing (length 0)
+    replays = []
+
+    class Graph(_Graph):
+        def replay(self) -> None:
+            replays.append(self.name)
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    class Model:
+        def __call__(self, ids, positions, kv_caches, meta):
+            return torch.zeros(ids.shape[0], 4)
+
+        def compute_logits(self, hidden):
+            return torch.zeros(hidden.shape[0], 10)
+
+    cpu = torch.device("cpu")
+    dec = cuda_graphs.DecodeGraphs(Model(), [], [1, 4], 6, cpu)
+    dec.slot_mapping.fill_(99)
+    dec.seq_lens.fill_(99)
+    ids = torch.tensor([5, 6, 7])
+    logits = dec.run(ids, ids + 10, ids + 20, torch.ones((3, 2), dtype=torch.int32), ids.int())
+    assert logits.shape == (3, 10) and len(replays) == 1
+    assert dec.input_ids[:3].tolist() == [5, 6, 7] and dec.positions[:3].tolist() == [15, 16, 17]
+    assert dec.slot_mapping.tolist() == [25, 26, 27, -1]
+    assert dec.seq_lens.tolist() == [5, 6, 7, 0] and dec.block_tables[:3, :2].tolist() == [[1, 1]] * 3
+
+    ext = cuda_graphs.ExtendGraphs(Model(), [], [16, 32], 6, cpu)
+    ext.slot_mapping.fill_(99)
+    n = torch.arange(20)
+    ext.run(
+        n, n + 100, n + 200, torch.ones((1, 3), dtype=torch.int32), torch.tensor([0, 20]), torch.tensor([120])
+    )
+    assert ext.input_ids[:20].tolist() == list(range(20)) and ext.positions[19].item() == 119
+    assert (
+        ext.slot_mapping[:20].tolist() == list(range(200, 220))
+        and ext.slot_mapping[20:].tolist() == [-1] * 12
+    )
+    assert ext.last_row.item() == 19 and ext.seq_len.tolist() == [120] and ext.replays == 1
