@@ -119,16 +119,12 @@ def _time_engine(llm, prompts, outs, temperature: float, label: str) -> tuple[fl
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     steps0 = llm.core.num_steps
-    profiler = _Profile(enabled=PROFILE)
-    timeline = _HostTimeline(llm.core, enabled=TIMELINE)
-    with profiler, timeline:
+    with _observed(llm):
         t0 = time.perf_counter()
         results = llm.generate(prompts, params, use_tqdm=True)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
-    profiler.report(dt, llm.core.num_steps - steps0)
-    timeline.report(dt, llm.core.num_steps - steps0)
     produced = sum(len(r.token_ids) for r in results)
     assert produced == sum(outs), f"{label}: produced {produced} tokens, expected {sum(outs)}"
     print(
@@ -425,14 +421,15 @@ def bench_g1(args) -> dict:
 
 
 @contextlib.contextmanager
-def _observed(llm, label: str):
-    """--profile / --timeline around one timed run of another module's bench (G1)."""
+def _observed(llm, label: str | None = None):
+    """--profile / --timeline around one timed run (reported after it, under `label` if given)."""
     steps0, t0 = llm.core.num_steps, time.perf_counter()
     profiler, timeline = _Profile(enabled=PROFILE), _HostTimeline(llm.core, enabled=TIMELINE)
     with profiler, timeline:
         yield
     wall, steps = time.perf_counter() - t0, llm.core.num_steps - steps0
-    print(f"[{label}]")
+    if label and (PROFILE or TIMELINE):
+        print(f"[{label}]")
     profiler.report(wall, steps)
     timeline.report(wall, steps)
 

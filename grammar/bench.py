@@ -189,10 +189,10 @@ def run_g1(
         free_tokens = sum(len(o.outputs[0].token_ids) for o in free_outs)
         pairs.append((sum(lengths), constrained_s, free_tokens, unconstrained_s))
 
-    ratios = sorted((c / cs) / (f / fs) for c, cs, f, fs in pairs)
-    median = sorted(pairs, key=lambda p: (p[0] / p[1]) / (p[2] / p[3]))[len(pairs) // 2]
-    total, constrained_s, free_tokens, unconstrained_s = median
-    runs = len(pairs)
+    ranked = sorted(pairs, key=lambda p: (p[0] / p[1]) / (p[2] / p[3]))  # by ratio
+    ratios = [(c / cs) / (f / fs) for c, cs, f, fs in ranked]
+    runs = len(ranked)
+    total, constrained_s, free_tokens, unconstrained_s = ranked[runs // 2]
     result = {
         "backend": backend or DEFAULT_BACKEND,
         "requests": n_requests,
