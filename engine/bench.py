@@ -312,6 +312,7 @@ def bench_gpu(args) -> dict:
             dtype="bfloat16",
             max_model_len=4096,
             enforce_eager=args.eager,
+            launch_ahead=not args.launch_after,
             max_num_seqs=max(len(prompts), 1) if args.workload != "w2" else 256,
         )
         print(f"engine start-up: {time.perf_counter() - t0:.2f} s")
@@ -443,10 +444,12 @@ def _real_vocab_llm(args, folder: Path):
 
     if torch.cuda.is_available():
         path = _checkpoint(QWEN3_06B, 151936, folder, dummy=True)
-        return LLM(path, load_format="dummy", dtype="bfloat16", max_model_len=4096)
+        return LLM(
+            path, load_format="dummy", dtype="bfloat16", max_model_len=4096, launch_ahead=not args.launch_after
+        )
     torch.set_num_threads(args.threads)
     path = _checkpoint({**BENCH_SHAPE}, 151936, folder, dummy=False)
-    return LLM(path, device="cpu", dtype="float32", num_threads=args.threads)
+    return LLM(path, device="cpu", dtype="float32", num_threads=args.threads, launch_ahead=not args.launch_after)
 
 
 WORKLOADS = {
@@ -468,6 +471,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peer", choices=["none", "hf"], default="none", help="also run HF transformers generate")
     p.add_argument("--threads", type=int, default=2, help="CPU threads for both sides (CPU workloads)")
     p.add_argument("--eager", action="store_true", help="GPU: no CUDA graphs")
+    p.add_argument(
+        "--launch-after",
+        action="store_true",
+        help="launch a late-sampling step's next forward only after its tokens are sampled",
+    )
     p.add_argument("--repeats", type=int, default=3, help="M1: timed repetitions (best is reported)")
     p.add_argument("--grammar-backend", default=None, help="G1: llguidance, xgrammar or outlines")
     p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
