@@ -146,8 +146,15 @@ class _HostTimeline:
         ("scheduler", "schedule"),
         ("runner", "prepare"),
         ("runner", "execute"),
+        ("runner", "run"),
         ("core", "_sample"),
+        ("core", "_reserve"),
+        ("core", "_launched"),
         ("core", "_finish"),
+        ("core", "_accept"),
+        ("sampler", "process"),
+        ("sampler", "sample"),
+        ("staging", "upload"),
         ("scheduler", "after_step"),
     )
 
@@ -161,9 +168,16 @@ class _HostTimeline:
     def __enter__(self):
         if self.enabled:
             wrap = self.timers.wrap
-            owners = {"core": self.core, "runner": self.core.runner, "scheduler": self.core.scheduler}
+            owners = {
+                "core": self.core,
+                "runner": self.core.runner,
+                "scheduler": self.core.scheduler,
+                "sampler": self.core.sampler,
+                "staging": self.core.runner._staging,
+            }
             for owner, name in self.PARTS:
-                wrap(owners[owner], name, f"{owner}.{name}")
+                if owners[owner] is not None:
+                    wrap(owners[owner], name, f"{owner}.{name}")
             if self.core.device.type == "cuda":
                 import torch
 
@@ -444,12 +458,12 @@ def _real_vocab_llm(args, folder: Path):
 
     if torch.cuda.is_available():
         path = _checkpoint(QWEN3_06B, 151936, folder, dummy=True)
-        return LLM(
-            path, load_format="dummy", dtype="bfloat16", max_model_len=4096, launch_ahead=not args.launch_after
-        )
+        ahead = not args.launch_after
+        return LLM(path, load_format="dummy", dtype="bfloat16", max_model_len=4096, launch_ahead=ahead)
     torch.set_num_threads(args.threads)
     path = _checkpoint({**BENCH_SHAPE}, 151936, folder, dummy=False)
-    return LLM(path, device="cpu", dtype="float32", num_threads=args.threads, launch_ahead=not args.launch_after)
+    ahead = not args.launch_after
+    return LLM(path, device="cpu", dtype="float32", num_threads=args.threads, launch_ahead=ahead)
 
 
 WORKLOADS = {
