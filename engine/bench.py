@@ -138,117 +138,6 @@ PROFILE = False
 TIMELINE = False
 
 
-class _HostTimeline:
-    """--timeline: wall time the host spends in each part of a step, without a profiler's overhead
-    (timers wrapped around the engine's step parts; blocking waits show up where they happen)."""
-
-    PARTS = (
-        ("scheduler", "schedule"),
-        ("runner", "prepare"),
-        ("runner", "execute"),
-        ("runner", "run"),
-        ("core", "_sample"),
-        ("core", "_reserve"),
-        ("core", "_launched"),
-        ("core", "_finish"),
-        ("core", "_accept"),
-        ("sampler", "process"),
-        ("sampler", "sample"),
-        ("staging", "upload"),
-        ("scheduler", "after_step"),
-    )
-
-    def __init__(self, core, enabled: bool) -> None:
-        from engine.step_timers import StepTimers
-
-        self.core = core
-        self.enabled = enabled
-        self.timers = StepTimers(time.perf_counter)
-
-    def __enter__(self):
-        if self.enabled:
-            wrap = self.timers.wrap
-            owners = {
-                "core": self.core,
-                "runner": self.core.runner,
-                "scheduler": self.core.scheduler,
-                "sampler": self.core.sampler,
-                "staging": self.core.runner._staging,
-            }
-            for owner, name in self.PARTS:
-                if owners[owner] is not None:
-                    wrap(owners[owner], name, f"{owner}.{name}")
-            if self.core.device.type == "cuda":
-                import torch
-
-                wrap(torch.cuda.Event, "synchronize", "Event.synchronize")
-            for graphs in (self.core.runner.graphs, self.core.runner.extend_graphs):
-                if graphs is not None:
-                    wrap(graphs, "run", f"{type(graphs).__name__}.run")
-                    for graph, _ in graphs.graphs.values():
-                        wrap(graph, "replay", "CUDAGraph.replay")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.timers.restore()
-
-    def report(self, wall: float, steps: int) -> None:
-        if not self.enabled:
-            return
-        steps = max(steps, 1)
-        totals = self.timers.totals
-        cells = ", ".join(f"{k} {v / steps * 1e6:.0f}" for k, v in sorted(totals.items()))
-        print(f"host timeline (us per step, wall {wall / steps * 1e6:.0f}): {cells}")
-
-
-class _Profile:
-    """--profile: where a timed run spends its time (python functions, GPU kernels vs wall)."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-
-    def __enter__(self):
-        if self.enabled:
-            import cProfile
-
-            import torch
-
-            self.cprof = cProfile.Profile()
-            self.torch_prof = None
-            if torch.cuda.is_available():
-                acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-                self.torch_prof = torch.profiler.profile(activities=acts)
-                self.torch_prof.__enter__()
-            self.cprof.enable()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.enabled:
-            self.cprof.disable()
-            if self.torch_prof is not None:
-                self.torch_prof.__exit__(None, None, None)
-
-    def report(self, wall: float, steps: int) -> None:
-        if not self.enabled:
-            return
-        import io
-        import pstats
-
-        buf = io.StringIO()
-        pstats.Stats(self.cprof, stream=buf).sort_stats("tottime").print_stats(25)
-        print(buf.getvalue())
-        if self.torch_prof is not None:
-            events = self.torch_prof.key_averages()
-            gpu_us = sum(getattr(e, "self_device_time_total", 0) for e in events)
-            print(events.table(sort_by="self_device_time_total", row_limit=15))
-            print(
-                f"profile: wall {wall * 1e3:.1f} ms over {steps} steps "
-                f"= {wall / max(steps, 1) * 1e3:.3f} ms/step; "
-                f"GPU kernels {gpu_us / 1e3:.1f} ms = {gpu_us / 1e3 / max(steps, 1):.3f} ms/step "
-                f"({gpu_us / 1e6 / wall:.0%} of wall)"
-            )
-
-
 def _hf_peer(path: Path, prompts, outs, device: str, dtype, useful: int) -> float:
     """HF transformers generate on the same weights: the prompts left-padded into one static batch."""
     import torch
@@ -410,7 +299,9 @@ def bench_m1(args) -> dict:
             cold.append(ttft(turns[-1]))
         if PROFILE:  # one more warm turn 10, profiled
             replay_turns_1_to_9()
-            with _Profile(enabled=True) as prof:
+            from engine.bench_observe import Profile
+
+            with Profile(enabled=True) as prof:
                 dt = ttft(turns[-1])
             prof.report(dt, 1)
         w, c = min(warm), min(cold)
@@ -439,7 +330,9 @@ def bench_g1(args) -> dict:
 def _observed(llm, label: str | None = None):
     """--profile / --timeline around one timed run (reported after it, under `label` if given)."""
     steps0, t0 = llm.core.num_steps, time.perf_counter()
-    profiler, timeline = _Profile(enabled=PROFILE), _HostTimeline(llm.core, enabled=TIMELINE)
+    from engine.bench_observe import HostTimeline, Profile
+
+    profiler, timeline = Profile(enabled=PROFILE), HostTimeline(llm.core, enabled=TIMELINE)
     with profiler, timeline:
         yield
     wall, steps = time.perf_counter() - t0, llm.core.num_steps - steps0

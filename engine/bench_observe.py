@@ -1,0 +1,172 @@
+"""What the benchmarks print with --timeline and --profile: the host's wall time per step part, the
+GPU's busy and idle time around each step's forward and sampling, and profiler tables."""
+
+from __future__ import annotations
+
+import time
+
+
+class HostTimeline:
+    """--timeline: wall time the host spends in each part of a step, without a profiler's overhead
+    (timers wrapped around the engine's step parts; blocking waits show up where they happen)."""
+
+    PARTS = (
+        ("scheduler", "schedule"),
+        ("runner", "prepare"),
+        ("runner", "execute"),
+        ("runner", "run"),
+        ("core", "_sample"),
+        ("core", "_reserve"),
+        ("core", "_launched"),
+        ("core", "_finish"),
+        ("core", "_accept"),
+        ("sampler", "process"),
+        ("sampler", "sample"),
+        ("staging", "upload"),
+        ("scheduler", "after_step"),
+    )
+
+    def __init__(self, core, enabled: bool) -> None:
+        from engine.step_timers import StepTimers
+
+        self.core = core
+        self.enabled = enabled
+        self.timers = StepTimers(time.perf_counter)
+        self.gaps: GpuGaps | None = None
+
+    def __enter__(self):
+        if self.enabled:
+            wrap = self.timers.wrap
+            owners = {
+                "core": self.core,
+                "runner": self.core.runner,
+                "scheduler": self.core.scheduler,
+                "sampler": self.core.sampler,
+                "staging": self.core.runner._staging,
+            }
+            for owner, name in self.PARTS:
+                if owners[owner] is not None:
+                    wrap(owners[owner], name, f"{owner}.{name}")
+            if self.core.device.type == "cuda":
+                import torch
+
+                wrap(torch.cuda.Event, "synchronize", "Event.synchronize")
+            for graphs in (self.core.runner.graphs, self.core.runner.extend_graphs):
+                if graphs is not None:
+                    wrap(graphs, "run", f"{type(graphs).__name__}.run")
+                    for graph, _ in graphs.graphs.values():
+                        wrap(graph, "replay", "CUDAGraph.replay")
+            if self.core.device.type == "cuda":
+                self.gaps = GpuGaps(self.core)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.gaps is not None:
+            self.gaps.restore()  # first: it wrapped the timers' wrappers
+        self.timers.restore()
+
+    def report(self, wall: float, steps: int) -> None:
+        if not self.enabled:
+            return
+        steps = max(steps, 1)
+        totals = self.timers.totals
+        cells = ", ".join(f"{k} {v / steps * 1e6:.0f}" for k, v in sorted(totals.items()))
+        print(f"host timeline (us per step, wall {wall / steps * 1e6:.0f}): {cells}")
+        if self.gaps is not None:
+            self.gaps.report(steps)
+
+
+class GpuGaps:
+    """The GPU's side of a step, from CUDA events queued around each forward (runner.run) and after
+    each step's sampling (core._launched): the time from a forward's start to its end, from its end
+    to the step's tokens (grammar masks, sampling, and any wait for the host to queue them), and from
+    the tokens to the next forward's start (idle unless the host queued it in time)."""
+
+    def __init__(self, core) -> None:
+        import torch
+
+        self.marks: list[tuple[str, torch.cuda.Event]] = []
+        self._saved = [(core.runner, "run", core.runner.run), (core, "_launched", core._launched)]
+        marks = self.marks
+
+        def mark(kind: str) -> None:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            marks.append((kind, event))
+
+        def run(*args, **kwargs):
+            mark("forward")
+            out = self._saved[0][2](*args, **kwargs)
+            mark("forward end")
+            return out
+
+        def launched(*args, **kwargs):
+            out = self._saved[1][2](*args, **kwargs)
+            mark("tokens")
+            return out
+
+        core.runner.run = run
+        core._launched = launched
+
+    def restore(self) -> None:
+        for owner, name, fn in self._saved:
+            setattr(owner, name, fn)
+
+    def report(self, steps: int) -> None:
+        import torch
+
+        torch.cuda.synchronize()
+        spans: dict[str, float] = {}
+        for (a, ea), (b, eb) in zip(self.marks, self.marks[1:], strict=False):
+            key = f"{a} -> {b}"
+            spans[key] = spans.get(key, 0.0) + ea.elapsed_time(eb) * 1e3
+        cells = ", ".join(f"{k} {v / steps:.0f}" for k, v in sorted(spans.items(), key=lambda kv: -kv[1]))
+        print(f"gpu timeline (us per step, between events queued by the host): {cells}")
+
+
+class Profile:
+    """--profile: where a timed run spends its time (python functions, GPU kernels vs wall)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def __enter__(self):
+        if self.enabled:
+            import cProfile
+
+            import torch
+
+            self.cprof = cProfile.Profile()
+            self.torch_prof = None
+            if torch.cuda.is_available():
+                acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+                self.torch_prof = torch.profiler.profile(activities=acts)
+                self.torch_prof.__enter__()
+            self.cprof.enable()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self.cprof.disable()
+            if self.torch_prof is not None:
+                self.torch_prof.__exit__(None, None, None)
+
+    def report(self, wall: float, steps: int) -> None:
+        if not self.enabled:
+            return
+        import io
+        import pstats
+
+        buf = io.StringIO()
+        pstats.Stats(self.cprof, stream=buf).sort_stats("tottime").print_stats(25)
+        print(buf.getvalue())
+        if self.torch_prof is not None:
+            events = self.torch_prof.key_averages()
+            gpu_us = sum(getattr(e, "self_device_time_total", 0) for e in events)
+            print(events.table(sort_by="self_device_time_total", row_limit=15))
+            print(
+                f"profile: wall {wall * 1e3:.1f} ms over {steps} steps "
+                f"= {wall / max(steps, 1) * 1e3:.3f} ms/step; "
+                f"GPU kernels {gpu_us / 1e3:.1f} ms = {gpu_us / 1e3 / max(steps, 1):.3f} ms/step "
+                f"({gpu_us / 1e6 / wall:.0%} of wall)"
+            )
