@@ -29,6 +29,9 @@ class EngineConfig:
     # penalties, logits processors) prepares the next step before it launches its sampling, and
     # launches the next forward right after: the device no longer waits for that preparation
     launch_ahead: bool = True
+    # CUDA: grammar mask rows cached on the device by grammar state (~19 KB each at a 152k vocabulary),
+    # applied inside the fused sampler; 0: masks are uploaded whole each step and applied apart
+    device_mask_rows: int = 4096
     seed: int = 0
     load_format: str = "auto"
     tokenizer: str | None = None  # defaults to the model folder

@@ -80,7 +80,14 @@ class EngineCore:
             config.enable_chunked_prefill,
         )
         self.eos_token_ids = _eos_ids(self.hf_config, self.tokenizer, config.model)
-        self.sampler = Sampler(self.vocab_size, self.eos_token_ids, self.device, config.seed)
+        self.sampler = Sampler(
+            self.vocab_size,
+            self.eos_token_ids,
+            self.device,
+            config.seed,
+            max_rows=config.max_num_seqs,
+            mask_cache_rows=config.device_mask_rows,
+        )
         self.requests: dict[str, list[Sequence]] = {}
         self.num_steps = 0
         overlap = config.async_scheduling

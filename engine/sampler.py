@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
 import torch
 
 from engine.host import host_to_device
 from engine.sequence import Sequence
 from kernels import dispatch as ops
+
+if TYPE_CHECKING:
+    from engine.device_masks import DeviceMasks
 
 
 class Sampler:
@@ -21,6 +25,8 @@ class Sampler:
         eos_token_ids: set[int],
         device: torch.device,
         seed: int,
+        max_rows: int = 0,
+        mask_cache_rows: int = 0,
     ) -> None:
         self.vocab_size = vocab_size
         self.eos_token_ids = sorted(eos_token_ids)
@@ -30,6 +36,15 @@ class Sampler:
         self._temps_key: tuple[float, ...] | None = None  # the fused sampler's last (batch,) temperatures
         self._temps: torch.Tensor | None = None
         self._bitmask: torch.Tensor | None = None  # (rows, words) int32, pinned on CUDA, reused
+        # CUDA: grammar masks stay on the device and the fused sampler applies them (device_masks.py);
+        # process() leaves them in _deferred for the next sample()
+        self.device_masks: DeviceMasks | None = None
+        if device.type == "cuda" and max_rows and mask_cache_rows:
+            from engine.device_masks import DeviceMasks
+
+            words = (vocab_size + 31) // 32
+            self.device_masks = DeviceMasks(words, max_rows, max(mask_cache_rows, 2 * max_rows), device)
+        self._deferred: torch.Tensor | None = None  # (batch,) int32 table row per logits row
 
     def _bitmask_for(self, rows: int) -> torch.Tensor:
         # reused every step: the previous step's upload from it was waited for (its sampled tokens
@@ -43,7 +58,9 @@ class Sampler:
 
     def process(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """Per-sequence logit changes, in place where possible. logits: (batch, vocab) float32.
-        Rows of finished sequences (their token will be dropped) are left alone."""
+        Rows of finished sequences (their token will be dropped) are left alone. Grammar masks are
+        applied here, or on CUDA left to the next sample() when it runs the fused sampler."""
+        self._deferred = None
         fills: dict[object, list] = {}  # batch filler (None: row by row) -> [(constraint, row, budget)]
         for i, seq in enumerate(seqs):
             if seq.is_finished or (not seq.edits_logits and seq.constraint is None):
@@ -63,7 +80,9 @@ class Sampler:
             c = seq.constraint
             if c is not None:
                 fills.setdefault(getattr(c, "fill_bitmasks", None), []).append((c, i, _remaining_tokens(seq)))
-        if fills:
+        if fills and self.device_masks is not None and self._fused(logits, seqs, masked=True):
+            self._deferred = self._device_masks(fills, len(seqs))
+        elif fills:
             bitmask = self._bitmask_for(len(seqs))
             bitmask.fill_(-1)
             for fill, rows in fills.items():
@@ -75,16 +94,64 @@ class Sampler:
             ops.apply_token_bitmask_(logits, bitmask.to(logits.device, non_blocking=True))
         return logits
 
+    def _device_masks(self, fills: dict[object, list], batch: int) -> torch.Tensor:
+        """The rows of `fills` on the device: cached rows by key, the others computed into staging
+        rows and uploaded. Returns the (batch,) int32 device index of each row's mask (-1: none)."""
+        dm = self.device_masks
+        rows = np.full(batch, -1, dtype=np.int32)
+        todo: dict[object, list] = {}  # batch filler -> [(constraint, staging row, budget)]
+        claimed: dict[object, int] = {}  # key -> staging row computing it this step
+        keys: list[tuple[int, object, object, int]] = []  # (staging row, key, constraint, budget)
+        computed = 0
+        for fill, items in fills.items():
+            for c, row, budget in items:
+                key_of = getattr(c, "mask_key", None)
+                key = key_of(budget) if key_of is not None else None
+                if key is not None:
+                    slot = dm.lookup(key)
+                    if slot is None and key in claimed:
+                        slot = dm.scratch_row(claimed[key])
+                    if slot is not None:
+                        rows[row] = slot
+                        continue
+                    claimed[key] = computed
+                    keys.append((computed, key, c, budget))
+                rows[row] = dm.scratch_row(computed)
+                todo.setdefault(fill, []).append((c, computed, budget))
+                computed += 1
+        staging = dm.staging[:computed]
+        if computed:
+            staging.fill_(-1)
+            for fill, items in todo.items():
+                if fill is not None:
+                    fill(staging, items)
+                else:
+                    for constraint, row, budget in items:
+                        constraint.fill_bitmask(staging, row, budget)
+        # a row is cached only if it still has its key once computed (its matcher did not fail)
+        keep = [(local, key) for local, key, c, budget in keys if c.mask_key(budget) == key]
+        return dm.upload(rows, computed, keep)
+
+    def _fused(self, logits: torch.Tensor, seqs: list[Sequence], masked: bool = False) -> bool:
+        """Whether sample() runs the fused Triton sampler on these rows (all-greedy rows without
+        masks take a plain argmax instead)."""
+        if not ops.use_triton(logits) or not all(_plain(s) for s in seqs):
+            return False
+        return masked or not all(s.params.greedy for s in seqs)
+
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """(batch, vocab) processed logits -> (batch,) token ids."""
-        if all(s.params.greedy for s in seqs):
+        mask_rows, self._deferred = self._deferred, None
+        if mask_rows is None and all(s.params.greedy for s in seqs):
             return logits.argmax(dim=-1)
-        if ops.use_triton(logits) and all(_plain(s) for s in seqs):
-            # fast path: temperature + exponential race + argmax in one pass (kernels.sampling); 0 = greedy
+        if mask_rows is not None or self._fused(logits, seqs):
+            # fast path: mask + temperature + exponential race + argmax in one pass (kernels.sampling)
             key = tuple(0.0 if s.params.greedy else s.params.temperature for s in seqs)
             if key != self._temps_key:  # a steady batch reuses its device tensor: no upload per step
                 self._temps_key, self._temps = key, host_to_device(list(key), torch.float32, logits.device)
-            return ops.sample_tokens(logits, self._temps, self._seeds.getrandbits(31))
+            table = self.device_masks.table if mask_rows is not None else None
+            seed = self._seeds.getrandbits(31)
+            return ops.sample_tokens(logits, self._temps, seed, mask=table, mask_rows=mask_rows)
         temps = host_to_device(
             [1.0 if s.params.greedy else s.params.temperature for s in seqs], torch.float32, logits.device
         )

@@ -307,14 +307,31 @@ def sample_tokens(
     temperatures: torch.Tensor,  # (batch,) float32; 0 = greedy
     seed: int,
     generator: torch.Generator | None = None,
+    mask: torch.Tensor | None = None,  # (table rows, words) int32 grammar bitmasks
+    mask_rows: torch.Tensor | None = None,  # (batch,) int32: each row's bitmask in `mask`, -1 = none
 ) -> torch.Tensor:  # (batch,) int64
-    """Temperature sampling (softmax + exponential race), greedy where T == 0. On CUDA one fused pass
-    keyed by `seed`; the reference draws its noise from `generator`. Same law, different random streams."""
+    """Temperature sampling (softmax + exponential race), greedy where T == 0, of the logits with
+    each row's bitmask applied (the logits are left as they are). On CUDA one fused pass keyed by
+    `seed`; the reference draws its noise from `generator`. Same law, different random streams."""
     if use_triton(logits) and logits.dim() == 2 and logits.stride(-1) == 1:
         from kernels.sampling import sample_tokens as triton_sample
 
-        return triton_sample(logits, temperatures, seed)
+        return triton_sample(logits, temperatures, seed, mask=mask, mask_rows=mask_rows)
+    if mask is not None:
+        logits = masked_by_rows(logits, mask, mask_rows)
     return ref.sample_tokens(logits, temperatures, generator)
+
+
+def masked_by_rows(logits: torch.Tensor, mask: torch.Tensor, mask_rows: torch.Tensor) -> torch.Tensor:
+    """A copy of logits (batch, vocab) with row i masked by mask[mask_rows[i]] (-1: left as is)."""
+    logits = logits.clone()
+    rows = mask_rows.long()
+    keep = torch.nonzero(rows >= 0).flatten()
+    if keep.numel():
+        sub = logits[keep]
+        ref.apply_token_bitmask_(sub, mask[rows[keep]][:, : (logits.shape[1] + 31) // 32])
+        logits[keep] = sub
+    return logits
 
 
 def qk_norm_rope_decode_attention(

@@ -4,7 +4,9 @@ The engine's sampler draws argmax_i(p_i / E_i), E_i ~ Exp(1), p = softmax(logits
 race). Since softmax only rescales by a row constant, that equals argmax_i(logits_i / T - log E_i): no
 softmax, no probability tensor, no noise tensor. Here E_i = -log(U_i) with U_i from Philox keyed by
 (seed, row * vocab + i), and a row with T == 0 is greedy (plain argmax of its logits, ties to the
-lowest index, as torch.argmax).
+lowest index, as torch.argmax). With a grammar mask the pass also bans the tokens whose bit is 0 in
+the row's bitmask (reference.apply_token_bitmask_ then the same draw): rows name a row of a shared mask
+table, so a mask many requests share is uploaded once and the logits are never rewritten.
 
 Two launches: programs of (row, chunk of the vocabulary) write their best (score, index); a second
 launch picks each row's best over its chunks (ties to the lowest index).
@@ -32,10 +34,17 @@ def _sample_chunk_kernel(
     num_chunks,
     chunk,  # vocabulary entries per program, a multiple of BLOCK
     seed,
+    mask_ptr,  # (table rows, words) int32 bitmasks; unused unless HAS_MASK
+    mask_row_ptr,  # (batch,) int32: each row's mask in the table, -1 = none
+    stride_m,
     BLOCK: tl.constexpr,
+    HAS_MASK: tl.constexpr,
 ):
     row = tl.program_id(0)
     c = tl.program_id(1)
+    if HAS_MASK:
+        m_row = tl.load(mask_row_ptr + row).to(tl.int64)
+        m_base = mask_ptr + tl.maximum(m_row, 0) * stride_m
     t = tl.load(temp_ptr + row)
     sampled = t > 0.0
     t = tl.where(sampled, t, 1.0)
@@ -47,6 +56,9 @@ def _sample_chunk_kernel(
         cols = off + tl.arange(0, BLOCK)
         mask = cols < vocab
         lg = tl.load(base + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        if HAS_MASK:
+            words = tl.load(m_base + cols // 32, mask=mask, other=-1)  # a row of -1 reads table row 0
+            lg = tl.where((((words >> (cols % 32)) & 1) != 0) | (m_row < 0), lg, float("-inf"))
         u = tl.rand(seed, row * vocab + cols)  # U(0, 1)
         e = -tl.log(u)  # Exp(1); u == 0 gives +inf: that token cannot win
         score = tl.where(sampled, lg / t - tl.log(e), lg)
@@ -83,12 +95,21 @@ def sample_tokens(
     temperatures: torch.Tensor,  # (batch,) float32 on logits' device; 0 = greedy
     seed: int,
     num_chunks: int | None = None,
+    mask: torch.Tensor | None = None,  # (table rows, >= ceil(vocab / 32)) int32 bitmasks
+    mask_rows: torch.Tensor | None = None,  # (batch,) int32: row of `mask` per logits row, -1 = none
 ) -> torch.Tensor:  # (batch,) int64
     if logits.dim() != 2 or logits.stride(-1) != 1:
         raise ValueError(f"logits must be (batch, vocab), last dim contiguous, got {tuple(logits.shape)}")
     batch, vocab = logits.shape
     if temperatures.shape != (batch,) or temperatures.dtype != torch.float32:
         raise ValueError("temperatures must be (batch,) float32")
+    if (mask is None) != (mask_rows is None):
+        raise ValueError("mask and mask_rows go together")
+    if mask is not None:
+        if mask.dtype != torch.int32 or mask.dim() != 2 or mask.stride(-1) != 1 or mask.shape[1] * 32 < vocab:
+            raise ValueError(f"mask must be (rows, >= {(vocab + 31) // 32}) int32, got {tuple(mask.shape)}")
+        if mask_rows.shape != (batch,) or mask_rows.dtype != torch.int32:
+            raise ValueError("mask_rows must be (batch,) int32")
     out = torch.empty((batch,), dtype=torch.int64, device=logits.device)
     if batch == 0:
         return out
@@ -106,7 +127,8 @@ def sample_tokens(
     seed = int(seed) & 0x7FFFFFFF
     _sample_chunk_kernel[(batch, num_chunks)](
         logits, temperatures.contiguous(), best_val, best_idx, vocab, logits.stride(0), num_chunks, chunk,
-        seed, BLOCK=block, num_warps=4,
+        seed, mask if mask is not None else temperatures, mask_rows if mask is not None else temperatures,
+        mask.stride(0) if mask is not None else 0, BLOCK=block, HAS_MASK=mask is not None, num_warps=4,
     )  # fmt: skip
     _sample_reduce_kernel[(batch,)](
         best_val, best_idx, out, num_chunks, BLOCK=next_pow2(num_chunks), num_warps=1

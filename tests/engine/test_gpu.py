@@ -137,3 +137,31 @@ def test_launch_ahead_matches_synchronous(ckpt):
         ahead += core._ahead is not None
     assert [got[str(i)] for i in range(len(ps))] == want
     assert ahead >= 20
+
+
+def test_grammar_masks_from_the_device_table(ckpt):
+    """Tool calls under a grammar: the fused sampler reading each row's mask from the device table
+    gives the tokens of the host path (whole masks uploaded and applied to the logits), greedy in
+    float32, and the table serves repeated grammar states without computing them again."""
+    from grammar.api import build_constraint
+    from grammar.bench import g1_tools
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    kw = dict(dtype="float32", max_model_len=1024, max_num_seqs=8, num_kv_blocks=1024)
+    outs = {}
+    for rows in (0, 4096):
+        llm = LLM(ckpt, device_mask_rows=rows, **kw)
+        f = build_constraint(
+            llm.tokenizer,
+            tools=g1_tools(),
+            tool_choice="required",
+            max_tokens=96,
+            vocab_size=llm.core.vocab_size,
+        )
+        params = SamplingParams(temperature=0.0, max_tokens=96, constraint=f)
+        results = llm.generate(prompts()[:6], params)
+        assert all(r.finish_reason == "stop" for r in results)
+        outs[rows] = [r.token_ids for r in results]
+        table = llm.core.sampler.device_masks
+        assert (table is None) if rows == 0 else (table.hits > 0)
+    assert outs[0] == outs[4096]

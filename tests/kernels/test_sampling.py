@@ -84,3 +84,64 @@ def test_seed_is_not_specialized():
 
     jf = JITFunction(_sample_chunk_kernel.fn, **_sample_chunk_kernel.jit_kwargs)
     assert [p.name for p in jf.params if p.do_not_specialize] == ["seed"]
+
+
+def _mask_table(vocab: int, rows: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    words = (vocab + 31) // 32 + 1  # one word wider than needed, as the engine's tables may be
+    table = torch.randint(-(2**31), 2**31 - 1, (rows, words), generator=g, dtype=torch.int32)
+    table[0] = 0
+    table[0, 0] = 0b100  # only token 2 allowed
+    return table
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_masked_greedy_rows_match_apply_then_argmax(dtype):
+    g = torch.Generator().manual_seed(1)
+    logits = (torch.randn(5, 300, generator=g) * 3).to(dtype)
+    table = _mask_table(300, 4, 2)
+    rows = torch.tensor([2, -1, 0, 3, 1], dtype=torch.int32)
+    before = logits.clone()
+    got = sample_tokens(logits, torch.zeros(5), seed=9, num_chunks=3, mask=table, mask_rows=rows)
+    expect = logits.float().clone()
+    for i, r in enumerate(rows.tolist()):
+        if r >= 0:
+            ref.apply_token_bitmask_(expect[i : i + 1], table[r : r + 1])
+    assert torch.equal(got, expect.argmax(dim=-1))
+    assert got[2] == 2  # the one allowed token
+    assert torch.equal(logits, before)  # the logits themselves are not rewritten
+    # the reference path (CPU tensors through dispatch without Triton) applies the same masks
+    assert torch.equal(ops.masked_by_rows(logits.float(), table, rows).argmax(-1), got)
+
+
+def test_masked_sampling_law():
+    # sampled rows draw from softmax over the allowed tokens only
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 3.0, 0.3, 1.5]).expand(300, -1).contiguous()
+    table = torch.tensor([[0b10101101]], dtype=torch.int32)  # tokens 0, 2, 3, 5, 7
+    allowed = torch.tensor([1, 0, 1, 1, 0, 1, 0, 1], dtype=torch.bool)
+    rows = torch.zeros(300, dtype=torch.int32)
+    tokens = sample_tokens(logits, torch.full((300,), 0.7), seed=4, mask=table, mask_rows=rows)
+    assert allowed[tokens].all()
+    probs = torch.softmax(torch.where(allowed, logits[0] / 0.7, float("-inf")), dim=-1)
+    assert _chi2_ok(tokens, probs)
+
+
+def test_mask_arguments_are_checked():
+    logits, temps = torch.zeros(2, 64), torch.zeros(2)
+    with pytest.raises(ValueError, match="together"):
+        sample_tokens(logits, temps, 1, mask=torch.zeros(1, 2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="mask must be"):
+        sample_tokens(logits, temps, 1, mask=torch.zeros(1, 1, dtype=torch.int32), mask_rows=torch.zeros(2))
+
+
+@gpu
+def test_gpu_masked_sampling():
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(64, 151936, generator=g) * 4).to(torch.bfloat16).cuda()
+    table = _mask_table(151936, 8, 5).cuda()
+    rows = torch.randint(-1, 8, (64,), generator=g, dtype=torch.int32).cuda()
+    got = sample_tokens(logits, torch.zeros(64, device="cuda"), seed=1, mask=table, mask_rows=rows)
+    assert torch.equal(got, ops.masked_by_rows(logits.float(), table, rows).argmax(dim=-1))
+    hot = sample_tokens(logits, torch.full((64,), 0.8, device="cuda"), seed=2, mask=table, mask_rows=rows)
+    allowed = ops.masked_by_rows(logits.float(), table, rows).gather(1, hot[:, None]) > float("-inf")
+    assert allowed.all()
