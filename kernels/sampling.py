@@ -8,8 +8,9 @@ lowest index, as torch.argmax). With a grammar mask the pass also bans the token
 the row's bitmask (reference.apply_token_bitmask_ then the same draw): rows name a row of a shared mask
 table, so a mask many requests share is uploaded once and the logits are never rewritten.
 
-Two launches: programs of (row, chunk of the vocabulary) write their best (score, index); a second
-launch picks each row's best over its chunks (ties to the lowest index).
+One launch: programs of (row, chunk of the vocabulary) write their best (score, index), and the
+row's program that arrives last (an arrival counter per row, left zeroed) picks the row's best over
+its chunks (ties to the lowest index). Batches past the counters take a second launch for that.
 """
 
 from __future__ import annotations
@@ -37,8 +38,12 @@ def _sample_chunk_kernel(
     mask_ptr,  # (table rows, words) int32 bitmasks; unused unless HAS_MASK
     mask_row_ptr,  # (batch,) int32: each row's mask in the table, -1 = none
     stride_m,
+    counter_ptr,  # FUSED_REDUCE: (>= batch,) int32 zeros, left zeroed
+    out_ptr,  # FUSED_REDUCE: (batch,) int64 sampled ids
     BLOCK: tl.constexpr,
     HAS_MASK: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr,
+    BLOCK_C: tl.constexpr,  # >= num_chunks
 ):
     row = tl.program_id(0)
     c = tl.program_id(1)
@@ -70,6 +75,22 @@ def _sample_chunk_kernel(
     idx = tl.where(top == float("-inf"), start, idx)  # all -inf: the chunk's first index, as argmax
     tl.store(best_val_ptr + row * num_chunks + c, top)
     tl.store(best_idx_ptr + row * num_chunks + c, idx)
+    if FUSED_REDUCE:
+        # release this chunk's best; the row's last chunk to arrive reduces them all
+        tl.debug_barrier()
+        arrived = tl.atomic_add(counter_ptr + row, 1, sem="acq_rel", scope="gpu")
+        if arrived == num_chunks - 1:
+            tl.store(counter_ptr + row, 0)  # zeroed for the next launch
+            offs = tl.arange(0, BLOCK_C)
+            inside = offs < num_chunks
+            vals = tl.load(
+                best_val_ptr + row * num_chunks + offs, mask=inside, other=float("-inf"), cache_modifier=".cg"
+            )
+            idxs = tl.load(
+                best_idx_ptr + row * num_chunks + offs, mask=inside, other=2147483647, cache_modifier=".cg"
+            )
+            best = tl.max(vals, axis=0)
+            tl.store(out_ptr + row, tl.min(tl.where(vals == best, idxs, 2147483647), axis=0).to(tl.int64))
 
 
 @kernel
@@ -125,12 +146,28 @@ def sample_tokens(
     best_val = torch.empty((batch, num_chunks), dtype=torch.float32, device=logits.device)
     best_idx = torch.empty((batch, num_chunks), dtype=torch.int32, device=logits.device)
     seed = int(seed) & 0x7FFFFFFF
+    counters = _counters(logits.device)
+    fused = batch <= counters.shape[0]
     _sample_chunk_kernel[(batch, num_chunks)](
         logits, temperatures.contiguous(), best_val, best_idx, vocab, logits.stride(0), num_chunks, chunk,
         seed, mask if mask is not None else temperatures, mask_rows if mask is not None else temperatures,
-        mask.stride(0) if mask is not None else 0, BLOCK=block, HAS_MASK=mask is not None, num_warps=4,
+        mask.stride(0) if mask is not None else 0, counters, out, BLOCK=block, HAS_MASK=mask is not None,
+        FUSED_REDUCE=fused, BLOCK_C=next_pow2(num_chunks), num_warps=4,
     )  # fmt: skip
-    _sample_reduce_kernel[(batch,)](
-        best_val, best_idx, out, num_chunks, BLOCK=next_pow2(num_chunks), num_warps=1
-    )
+    if not fused:
+        _sample_reduce_kernel[(batch,)](
+            best_val, best_idx, out, num_chunks, BLOCK=next_pow2(num_chunks), num_warps=1
+        )
     return out
+
+
+_COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
+MAX_FUSED_ROWS = 4096
+
+
+def _counters(device: torch.device) -> torch.Tensor:
+    """Per-row arrival counters of the in-kernel reduction, allocated once per device and left zeroed."""
+    key = (device.type, device.index)
+    if key not in _COUNTERS:
+        _COUNTERS[key] = torch.zeros(MAX_FUSED_ROWS, dtype=torch.int32, device=device)
+    return _COUNTERS[key]

@@ -77,6 +77,11 @@ def _launches(dtype: torch.dtype):
                 add_rms_norm_gemv(h1, res, w, 1e-6, wq)
             gemv(torch.randn(1, 6144).to(dtype), torch.randn(1024, 3072).to(dtype), silu_mul=True)
             apply_token_bitmask_(torch.randn(4, 1000), torch.zeros(4, 32, dtype=torch.int32), torch.arange(2))
+            from kernels.sampling import sample_tokens
+
+            lg, mask = torch.randn(4, 5000), torch.zeros(3, 160, dtype=torch.int32)
+            sample_tokens(lg, torch.zeros(4), 7)  # the fused sampler, with the in-kernel row reduction
+            sample_tokens(lg, torch.zeros(4), 7, mask=mask, mask_rows=torch.zeros(4, dtype=torch.int32))
     return launches
 
 

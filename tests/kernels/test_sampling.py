@@ -145,3 +145,16 @@ def test_gpu_masked_sampling():
     hot = sample_tokens(logits, torch.full((64,), 0.8, device="cuda"), seed=2, mask=table, mask_rows=rows)
     allowed = ops.masked_by_rows(logits.float(), table, rows).gather(1, hot[:, None]) > float("-inf")
     assert allowed.all()
+
+
+def test_in_kernel_reduction_equals_the_second_launch(monkeypatch):
+    from kernels import sampling
+
+    g = torch.Generator().manual_seed(8)
+    logits = torch.randn(5, 300, generator=g) * 2
+    temps = torch.tensor([0.0, 0.8, 0.0, 1.0, 0.5])
+    fused = sample_tokens(logits, temps, seed=3, num_chunks=3)
+    assert int(sampling._counters(logits.device).abs().sum()) == 0  # left zeroed for the next launch
+    # a batch past the counters reduces in a second launch: the same draw
+    monkeypatch.setitem(sampling._COUNTERS, ("cpu", None), torch.zeros(2, dtype=torch.int32))
+    assert torch.equal(sample_tokens(logits, temps, seed=3, num_chunks=3), fused)
