@@ -87,6 +87,7 @@ class EngineCore:
             config.seed,
             max_rows=config.max_num_seqs,
             mask_cache_rows=config.device_mask_rows,
+            graphs=not config.enforce_eager and config.sampler_graphs,
         )
         self.requests: dict[str, list[Sequence]] = {}
         self.num_steps = 0
@@ -265,7 +266,7 @@ class EngineCore:
             if nxt:
                 self._begin(nxt)
                 step = self.runner.prepare(nxt, defer_pending=True)
-        token_ids = self.sampler.sample(logits, seqs)
+        token_ids = self.sampler.sample(logits, seqs, self.runner.static_logits(logits))
         launched = self._launched(seqs, positions, token_ids, raw, top)
         if step is not None:
             self._ahead = (nxt, *self.runner.run(nxt, step, pending=token_ids))

@@ -27,6 +27,7 @@ class Sampler:
         seed: int,
         max_rows: int = 0,
         mask_cache_rows: int = 0,
+        graphs: bool = False,
     ) -> None:
         self.vocab_size = vocab_size
         self.eos_token_ids = sorted(eos_token_ids)
@@ -45,6 +46,12 @@ class Sampler:
             words = (vocab_size + 31) // 32
             self.device_masks = DeviceMasks(words, max_rows, max(mask_cache_rows, 2 * max_rows), device)
         self._deferred: torch.Tensor | None = None  # (batch,) int32 table row per logits row
+        # CUDA: the fused sampler replayed from graphs when the logits are a decode graph's output
+        self.graphs = None
+        if graphs and device.type == "cuda" and max_rows:
+            from engine.sampler_graphs import SamplerGraphs
+
+            self.graphs = SamplerGraphs(max_rows, device, self._seeds.getrandbits(31))
 
     def _bitmask_for(self, rows: int) -> torch.Tensor:
         # reused every step: the previous step's upload from it was waited for (its sampled tokens
@@ -139,8 +146,11 @@ class Sampler:
             return False
         return masked or not all(s.params.greedy for s in seqs)
 
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """(batch, vocab) processed logits -> (batch,) token ids."""
+    def sample(
+        self, logits: torch.Tensor, seqs: list[Sequence], static: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """(batch, vocab) processed logits -> (batch,) token ids. static: the whole buffer that
+        logits leads, when it is a decode graph's output (the fused sampler then replays a graph)."""
         mask_rows, self._deferred = self._deferred, None
         if mask_rows is None and all(s.params.greedy for s in seqs):
             return logits.argmax(dim=-1)
@@ -150,6 +160,8 @@ class Sampler:
             if key != self._temps_key:  # a steady batch reuses its device tensor: no upload per step
                 self._temps_key, self._temps = key, host_to_device(list(key), torch.float32, logits.device)
             table = self.device_masks.table if mask_rows is not None else None
+            if static is not None and self.graphs is not None:
+                return self.graphs.sample(static, len(seqs), self._temps, table, mask_rows)
             seed = self._seeds.getrandbits(31)
             return ops.sample_tokens(logits, self._temps, seed, mask=table, mask_rows=mask_rows)
         temps = host_to_device(

@@ -34,7 +34,7 @@ def _sample_chunk_kernel(
     stride_l,
     num_chunks,
     chunk,  # vocabulary entries per program, a multiple of BLOCK
-    seed,
+    seed,  # SEED_PTR: a pointer to the (1,) int64 seed on the device (CUDA graphs replay it)
     mask_ptr,  # (table rows, words) int32 bitmasks; unused unless HAS_MASK
     mask_row_ptr,  # (batch,) int32: each row's mask in the table, -1 = none
     stride_m,
@@ -42,6 +42,7 @@ def _sample_chunk_kernel(
     out_ptr,  # FUSED_REDUCE: (batch,) int64 sampled ids
     BLOCK: tl.constexpr,
     HAS_MASK: tl.constexpr,
+    SEED_PTR: tl.constexpr,
     FUSED_REDUCE: tl.constexpr,
     BLOCK_C: tl.constexpr,  # >= num_chunks
 ):
@@ -50,6 +51,10 @@ def _sample_chunk_kernel(
     if HAS_MASK:
         m_row = tl.load(mask_row_ptr + row).to(tl.int64)
         m_base = mask_ptr + tl.maximum(m_row, 0) * stride_m
+    if SEED_PTR:
+        key = tl.load(seed).to(tl.int32)
+    else:
+        key = seed
     t = tl.load(temp_ptr + row)
     sampled = t > 0.0
     t = tl.where(sampled, t, 1.0)
@@ -64,7 +69,7 @@ def _sample_chunk_kernel(
         if HAS_MASK:
             words = tl.load(m_base + cols // 32, mask=mask, other=-1)  # a row of -1 reads table row 0
             lg = tl.where((((words >> (cols % 32)) & 1) != 0) | (m_row < 0), lg, float("-inf"))
-        u = tl.rand(seed, row * vocab + cols)  # U(0, 1)
+        u = tl.rand(key, row * vocab + cols)  # U(0, 1)
         e = -tl.log(u)  # Exp(1); u == 0 gives +inf: that token cannot win
         score = tl.where(sampled, lg / t - tl.log(e), lg)
         better = score > best_val  # strict: a lane keeps its earliest (lowest) index on ties
@@ -114,7 +119,7 @@ def _sample_reduce_kernel(
 def sample_tokens(
     logits: torch.Tensor,  # (batch, vocab) float32/bf16/fp16
     temperatures: torch.Tensor,  # (batch,) float32 on logits' device; 0 = greedy
-    seed: int,
+    seed: int | torch.Tensor,  # or a (1,) int64 device tensor holding it (read at run time)
     num_chunks: int | None = None,
     mask: torch.Tensor | None = None,  # (table rows, >= ceil(vocab / 32)) int32 bitmasks
     mask_rows: torch.Tensor | None = None,  # (batch,) int32: row of `mask` per logits row, -1 = none
@@ -145,14 +150,18 @@ def sample_tokens(
     num_chunks = triton.cdiv(vocab, chunk)
     best_val = torch.empty((batch, num_chunks), dtype=torch.float32, device=logits.device)
     best_idx = torch.empty((batch, num_chunks), dtype=torch.int32, device=logits.device)
-    seed = int(seed) & 0x7FFFFFFF
+    seed_ptr = isinstance(seed, torch.Tensor)
+    if seed_ptr and (seed.shape != (1,) or seed.dtype != torch.int64 or seed.device != logits.device):
+        raise ValueError("a seed tensor must be (1,) int64 on the logits' device")
+    if not seed_ptr:
+        seed = int(seed) & 0x7FFFFFFF
     counters = _counters(logits.device)
     fused = batch <= counters.shape[0]
     _sample_chunk_kernel[(batch, num_chunks)](
         logits, temperatures.contiguous(), best_val, best_idx, vocab, logits.stride(0), num_chunks, chunk,
         seed, mask if mask is not None else temperatures, mask_rows if mask is not None else temperatures,
         mask.stride(0) if mask is not None else 0, counters, out, BLOCK=block, HAS_MASK=mask is not None,
-        FUSED_REDUCE=fused, BLOCK_C=next_pow2(num_chunks), num_warps=4,
+        SEED_PTR=seed_ptr, FUSED_REDUCE=fused, BLOCK_C=next_pow2(num_chunks), num_warps=4,
     )  # fmt: skip
     if not fused:
         _sample_reduce_kernel[(batch,)](

@@ -163,5 +163,22 @@ def test_grammar_masks_from_the_device_table(ckpt):
         assert all(r.finish_reason == "stop" for r in results)
         outs[rows] = [r.token_ids for r in results]
         table = llm.core.sampler.device_masks
-        assert (table is None) if rows == 0 else (table.hits > 0)
+        assert (table is None) if rows == 0 else (table.hits > 0 and llm.core.sampler.graphs.replays > 0)
     assert outs[0] == outs[4096]
+
+
+def test_sampler_graphs_draw_from_softmax():
+    """The sampler graph's draws follow softmax(logits / T) and change every replay (device seed)."""
+    from engine.sampler_graphs import SamplerGraphs
+    from tests.kernels.test_sampling import _chi2_ok
+
+    g = SamplerGraphs(64, torch.device("cuda"), seed=5)
+    row = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 3.0, float("-inf"), 1.5], device="cuda")
+    static = row.expand(64, -1).contiguous()
+    temps = torch.full((64,), 0.7, device="cuda")
+    draws = [g.sample(static, 64, temps, None, None).clone() for _ in range(100)]
+    tokens = torch.cat(draws).cpu()
+    assert not torch.equal(draws[0], draws[1]) and g.replays == 100 and len(g.graphs) == 1
+    assert _chi2_ok(tokens, torch.softmax(row.cpu() / 0.7, dim=-1))
+    greedy = g.sample(static, 64, torch.zeros(64, device="cuda"), None, None)
+    assert (greedy == 5).all()

@@ -82,6 +82,8 @@ def _launches(dtype: torch.dtype):
             lg, mask = torch.randn(4, 5000), torch.zeros(3, 160, dtype=torch.int32)
             sample_tokens(lg, torch.zeros(4), 7)  # the fused sampler, with the in-kernel row reduction
             sample_tokens(lg, torch.zeros(4), 7, mask=mask, mask_rows=torch.zeros(4, dtype=torch.int32))
+            seed = torch.tensor([7])  # the sampler graphs' variant: the seed read on the device
+            sample_tokens(lg, torch.zeros(4), seed, mask=mask, mask_rows=torch.zeros(4, dtype=torch.int32))
     return launches
 
 

@@ -158,3 +158,13 @@ def test_in_kernel_reduction_equals_the_second_launch(monkeypatch):
     # a batch past the counters reduces in a second launch: the same draw
     monkeypatch.setitem(sampling._COUNTERS, ("cpu", None), torch.zeros(2, dtype=torch.int32))
     assert torch.equal(sample_tokens(logits, temps, seed=3, num_chunks=3), fused)
+
+
+def test_seed_from_a_device_tensor_equals_the_int_seed():
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(4, 200, generator=g)
+    temps = torch.full((4,), 0.9)
+    want = sample_tokens(logits, temps, seed=77, num_chunks=2)
+    assert torch.equal(sample_tokens(logits, temps, torch.tensor([77]), num_chunks=2), want)
+    with pytest.raises(ValueError, match="seed tensor"):
+        sample_tokens(logits, temps, torch.tensor([77], dtype=torch.int32))
