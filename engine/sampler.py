@@ -110,12 +110,13 @@ class Sampler:
         claimed: dict[object, int] = {}  # key -> staging row computing it this step
         keys: list[tuple[int, object, object, int]] = []  # (staging row, key, constraint, budget)
         computed = 0
+        lookup = dm.lookup
         for fill, items in fills.items():
             for c, row, budget in items:
                 key_of = getattr(c, "mask_key", None)
                 key = key_of(budget) if key_of is not None else None
                 if key is not None:
-                    slot = dm.lookup(key)
+                    slot = lookup(key)
                     if slot is None and key in claimed:
                         slot = dm.scratch_row(claimed[key])
                     if slot is not None:

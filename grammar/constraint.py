@@ -17,23 +17,6 @@ from grammar.mask_cache import mask_cache
 from grammar.vocab import TokenVocab
 
 
-class MaskKey:
-    """(grammar, DFA state), the grammar compared by identity and held, so that its id is not reused
-    while a cache keeps the key."""
-
-    __slots__ = ("grammar", "state")
-
-    def __init__(self, grammar: object, state: int):
-        self.grammar = grammar
-        self.state = state
-
-    def __hash__(self) -> int:
-        return hash((id(self.grammar), self.state))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, MaskKey) and other.grammar is self.grammar and other.state == self.state
-
-
 class GrammarConstraint:
     """engine.sampling_params.TokenConstraint over one grammar.
 
@@ -76,15 +59,16 @@ class GrammarConstraint:
             self._store(own)
         self._narrow(own, remaining_tokens)
 
-    def mask_key(self, remaining_tokens: int) -> MaskKey | None:
+    def mask_key(self, remaining_tokens: int) -> tuple[object, int] | None:
         """A key naming this step's row when it is the grammar's row for its DFA state, shared by
         every request in that state (the budget does not narrow it and the matcher has not failed);
-        None when the row is this request's own. Equal keys mean equal rows."""
+        None when the row is this request's own. Equal keys mean equal rows: the key holds the
+        grammar itself (hashed by identity), so no other grammar can take its id while it is kept."""
         if self.grammar is None or self.done or not self.cursor.unrestricted(remaining_tokens):
             return None
         if not self.pending and self._failed():
             return None
-        return MaskKey(self.grammar, self.cursor.state)
+        return (self.grammar, self.cursor.state)
 
     @staticmethod
     def fill_bitmasks(bitmask: torch.Tensor, rows: list[tuple[GrammarConstraint, int, int]]) -> None:
