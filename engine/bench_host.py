@@ -33,7 +33,7 @@ def _stub_device_work(core, seed: int) -> None:
             return None, []
         return torch.zeros((len(step.sampling), 1)), step.sampling
 
-    def sample(logits, seqs):
+    def sample(logits, seqs, static=None):
         at = state["at"]
         if at + len(seqs) > stream.numel():
             at = 0

@@ -1,0 +1,12 @@
+"""engine.bench_host runs the real engine step with the device work stubbed: a short run completes,
+keeps its batch full and reports the host parts it timed."""
+
+from __future__ import annotations
+
+from engine import bench_host
+
+
+def test_bench_host_smoke():
+    (r,) = bench_host.main(["--batch", "4", "--steps", "5"])
+    assert r["batch"] == 4 and r["prefill_steps"] >= 1
+    assert r["cpu_median_us"] > 0 and {"prepare", "finish (accept, detokenize)"} <= set(r["parts_us"])
