@@ -57,12 +57,10 @@ class HostTimeline:
                     for graph, _ in graphs.graphs.values():
                         wrap(graph, "replay", "CUDAGraph.replay")
             if self.core.device.type == "cuda":
-                self.gaps = GpuGaps(self.core)
+                self.gaps = GpuGaps(self.core, self.timers)
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.gaps is not None:
-            self.gaps.restore()  # first: it wrapped the timers' wrappers
         self.timers.restore()
 
     def report(self, wall: float, steps: int) -> None:
@@ -82,35 +80,21 @@ class GpuGaps:
     to the step's tokens (grammar masks, sampling, and any wait for the host to queue them), and from
     the tokens to the next forward's start (idle unless the host queued it in time)."""
 
-    def __init__(self, core) -> None:
+    def __init__(self, core, timers) -> None:
         import torch
 
         self.marks: list[tuple[str, torch.cuda.Event]] = []
-        self._saved = [(core.runner, "run", core.runner.run), (core, "_launched", core._launched)]
-        marks = self.marks
 
-        def mark(kind: str) -> None:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            marks.append((kind, event))
+        def mark(kind: str):
+            def record() -> None:
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()
+                self.marks.append((kind, event))
 
-        def run(*args, **kwargs):
-            mark("forward")
-            out = self._saved[0][2](*args, **kwargs)
-            mark("forward end")
-            return out
+            return record
 
-        def launched(*args, **kwargs):
-            out = self._saved[1][2](*args, **kwargs)
-            mark("tokens")
-            return out
-
-        core.runner.run = run
-        core._launched = launched
-
-    def restore(self) -> None:
-        for owner, name, fn in self._saved:
-            setattr(owner, name, fn)
+        timers.around(core.runner, "run", mark("forward"), mark("forward end"))
+        timers.around(core, "_launched", after=mark("tokens"))
 
     def report(self, steps: int) -> None:
         import torch

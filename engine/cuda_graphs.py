@@ -102,6 +102,15 @@ class DecodeGraphs(_TokenGraphs):
         hidden = self.model(self.input_ids[:bs], self.positions[:bs], self.kv_caches, meta)
         return self.model.compute_logits(hidden)
 
+    def static_output(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """The whole output buffer of the graph whose run() returned `logits` (its leading rows), else
+        None (logits from anywhere else)."""
+        size = self.padded_size(logits.shape[0])
+        if size is None:
+            return None
+        out = self.graphs[size][1]
+        return out if out.data_ptr() == logits.data_ptr() and out.stride() == logits.stride() else None
+
     def run(
         self,
         input_ids: torch.Tensor,  # (bs,)

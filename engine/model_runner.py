@@ -171,13 +171,7 @@ class ModelRunner:
 
     def static_logits(self, logits: torch.Tensor | None) -> torch.Tensor | None:
         """The decode graph output buffer that `logits` (run's result) is the leading rows of, else None."""
-        if self.graphs is None or logits is None:
-            return None
-        size = self.graphs.padded_size(logits.shape[0])
-        if size is None:
-            return None
-        out = self.graphs.graphs[size][1]
-        return out if out.data_ptr() == logits.data_ptr() and out.stride() == logits.stride() else None
+        return None if self.graphs is None or logits is None else self.graphs.static_output(logits)
 
     @torch.inference_mode()
     def execute(

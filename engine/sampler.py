@@ -87,7 +87,7 @@ class Sampler:
             c = seq.constraint
             if c is not None:
                 fills.setdefault(getattr(c, "fill_bitmasks", None), []).append((c, i, _remaining_tokens(seq)))
-        if fills and self.device_masks is not None and self._fused(logits, seqs, masked=True):
+        if fills and self.device_masks is not None and self._fusable(logits, seqs):
             self._deferred = self._device_masks(fills, len(seqs))
         elif fills:
             bitmask = self._bitmask_for(len(seqs))
@@ -140,12 +140,10 @@ class Sampler:
         keep = [(local, key) for local, key, c, budget in keys if c.mask_key(budget) == key]
         return dm.upload(rows, computed, keep)
 
-    def _fused(self, logits: torch.Tensor, seqs: list[Sequence], masked: bool = False) -> bool:
-        """Whether sample() runs the fused Triton sampler on these rows (all-greedy rows without
-        masks take a plain argmax instead)."""
-        if not ops.use_triton(logits) or not all(_plain(s) for s in seqs):
-            return False
-        return masked or not all(s.params.greedy for s in seqs)
+    @staticmethod
+    def _fusable(logits: torch.Tensor, seqs: list[Sequence]) -> bool:
+        """Whether the fused Triton sampler can take these rows (CUDA, no filters, no per-request seed)."""
+        return ops.use_triton(logits) and all(_plain(s) for s in seqs)
 
     def sample(
         self, logits: torch.Tensor, seqs: list[Sequence], static: torch.Tensor | None = None
@@ -155,7 +153,8 @@ class Sampler:
         mask_rows, self._deferred = self._deferred, None
         if mask_rows is None and all(s.params.greedy for s in seqs):
             return logits.argmax(dim=-1)
-        if mask_rows is not None or self._fused(logits, seqs):
+        # masked rows were deferred only when the fused sampler can take them (process)
+        if mask_rows is not None or self._fusable(logits, seqs):
             # fast path: mask + temperature + exponential race + argmax in one pass (kernels.sampling)
             key = tuple(0.0 if s.params.greedy else s.params.temperature for s in seqs)
             if key != self._temps_key:  # a steady batch reuses its device tensor: no upload per step

@@ -13,19 +13,31 @@ class StepTimers:
         self.totals: dict[str, float] = {}
         self._saved: list[tuple[object, str, object]] = []
 
-    def wrap(self, owner, name: str, label: str) -> None:
+    def around(self, owner, name: str, before=None, after=None) -> None:
+        """Replaces owner.name by a call of it between before() and after(); restore() undoes it."""
         fn = getattr(owner, name)
-        totals, clock = self.totals, self.clock
 
-        def timed(*args, **kwargs):
-            t0 = clock()
+        def wrapped(*args, **kwargs):
+            if before is not None:
+                before()
             try:
                 return fn(*args, **kwargs)
             finally:
-                totals[label] = totals.get(label, 0.0) + clock() - t0
+                if after is not None:
+                    after()
 
         self._saved.append((owner, name, fn))
-        setattr(owner, name, timed)
+        setattr(owner, name, wrapped)
+
+    def wrap(self, owner, name: str, label: str) -> None:
+        """Sums the wall time of owner.name's calls under label."""
+        totals, clock = self.totals, self.clock
+        start: list[float] = []
+
+        def stop() -> None:
+            totals[label] = totals.get(label, 0.0) + clock() - start.pop()
+
+        self.around(owner, name, lambda: start.append(clock()), stop)
 
     def restore(self) -> None:
         for owner, name, fn in reversed(self._saved):

@@ -92,6 +92,9 @@ def test_graph_inputs_are_loaded_and_padded(monkeypatch):
     assert dec.input_ids[:3].tolist() == [5, 6, 7] and dec.positions[:3].tolist() == [15, 16, 17]
     assert dec.slot_mapping.tolist() == [25, 26, 27, -1]
     assert dec.seq_lens.tolist() == [5, 6, 7, 0] and dec.block_tables[:3, :2].tolist() == [[1, 1]] * 3
+    # the sampler replays its graph on the whole buffer that run() returned the leading rows of
+    assert dec.static_output(logits) is dec.graphs[4][1]
+    assert dec.static_output(logits.clone()) is None and dec.static_output(torch.zeros(9, 10)) is None
 
     ext = cuda_graphs.ExtendGraphs(Model(), [], [16, 32], 6, cpu)
     ext.slot_mapping.fill_(99)
