@@ -349,13 +349,12 @@ def _real_vocab_llm(args, folder: Path):
 
     from engine import LLM
 
+    ahead = not args.launch_after
     if torch.cuda.is_available():
         path = _checkpoint(QWEN3_06B, 151936, folder, dummy=True)
-        ahead = not args.launch_after
         return LLM(path, load_format="dummy", dtype="bfloat16", max_model_len=4096, launch_ahead=ahead)
     torch.set_num_threads(args.threads)
     path = _checkpoint({**BENCH_SHAPE}, 151936, folder, dummy=False)
-    ahead = not args.launch_after
     return LLM(path, device="cpu", dtype="float32", num_threads=args.threads, launch_ahead=ahead)
 
 

@@ -173,9 +173,9 @@ def run_g1(
     llm.reset_prefix_cache()
     cache = mask_cache()
     hits0, misses0 = cache.hits, cache.misses
-    device = getattr(getattr(llm, "core", None), "sampler", None)
-    device = getattr(device, "device_masks", None)  # CUDA: rows cached on the GPU, looked up first
-    d_hits0, d_misses0 = (device.hits, device.misses) if device is not None else (0, 0)
+    sampler = getattr(getattr(llm, "core", None), "sampler", None)
+    table = getattr(sampler, "device_masks", None)  # CUDA: rows cached on the GPU, looked up first
+    d_hits0, d_misses0 = (table.hits, table.misses) if table is not None else (0, 0)
 
     timed = _TimedFactory(factory)
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, constraint=timed)
@@ -219,8 +219,8 @@ def run_g1(
         "first_run_tok_s": first_tok_s,
         "mask_cache_hit_rate": (cache.hits - hits0) / max(cache.hits + cache.misses - hits0 - misses0, 1),
     }
-    if device is not None:
-        d_hits, d_misses = device.hits - d_hits0, device.misses - d_misses0
+    if table is not None:
+        d_hits, d_misses = table.hits - d_hits0, table.misses - d_misses0
         result["device_mask_hit_rate"] = d_hits / max(d_hits + d_misses, 1)
     out(
         f"G1 ({result['backend']}): {n_requests} requests, {total} output tokens "
@@ -240,7 +240,7 @@ def run_g1(
         f"  grammar compile {result['compile_ms']:.0f} ms (cold); mask {mask_us:.0f} us/token, "
         f"{mask_ms:.2f} ms/step ({result['mask_s']:.2f} s per run); "
         f"mask cache hits {result['mask_cache_hit_rate']:.0%}"
-        + (f" (behind the GPU's, {result['device_mask_hit_rate']:.0%} hits)" if device is not None else "")
+        + (f" (behind the GPU's, {result['device_mask_hit_rate']:.0%} hits)" if table is not None else "")
     )
     return result
 

@@ -68,7 +68,11 @@ class GrammarConstraint:
             return None
         if not self.pending and self._failed():
             return None
-        return (self.grammar, self.cursor.state)
+        return self._state_key()
+
+    def _state_key(self) -> tuple[object, int] | None:
+        # the grammar's row for this DFA state is shared by every request in it (see mask_cache.py)
+        return (self.grammar, self.cursor.state) if self.grammar is not None else None
 
     @staticmethod
     def fill_bitmasks(bitmask: torch.Tensor, rows: list[tuple[GrammarConstraint, int, int]]) -> None:
@@ -76,7 +80,7 @@ class GrammarConstraint:
         backend computes the others in one call where it can (llguidance: in parallel, without the
         GIL), then the budget narrows the rows that are near their limit."""
         batched: dict[object, list] = {}  # backend batch fill -> [(constraint, row)]
-        first: dict[tuple[int, int], tuple] = {}  # (grammar, state) -> (constraint, row) computing it
+        first: dict[tuple[object, int], tuple] = {}  # (grammar, state) -> (constraint, row) computing it
         copies = []  # (constraint, row, source): misses whose state another row of this batch computes
         narrow = []  # (constraint, row view, remaining): _narrow leaves the unrestricted ones alone
         for c, row, remaining in rows:
@@ -86,7 +90,7 @@ class GrammarConstraint:
                 continue
             own = bitmask[row]
             if not c._from_cache(own):
-                key = (id(c.grammar), c.cursor.state) if c.grammar is not None else None
+                key = c._state_key()
                 if key in first:
                     copies.append((c, row, first[key]))
                 else:
