@@ -3,10 +3,11 @@
 The engine's sampler draws argmax_i(p_i / E_i), E_i ~ Exp(1), p = softmax(logits / T) (the exponential
 race). Since softmax only rescales by a row constant, that equals argmax_i(logits_i / T - log E_i): no
 softmax, no probability tensor, no noise tensor. Here E_i = -log(U_i) with U_i from Philox keyed by
-(seed, row * vocab + i), and a row with T == 0 is greedy (plain argmax of its logits, ties to the
-lowest index, as torch.argmax). With a grammar mask the pass also bans the tokens whose bit is 0 in
-the row's bitmask (reference.apply_token_bitmask_ then the same draw): rows name a row of a shared mask
-table, so a mask many requests share is uploaded once and the logits are never rewritten.
+(seed, row * ceil(vocab / 4) + i // 4), each counter giving four draws, and a row with T == 0 is
+greedy (plain argmax of its logits, ties to the lowest index, as torch.argmax). With a grammar mask
+the pass also bans the tokens whose bit is 0 in the row's bitmask (reference.apply_token_bitmask_ then
+the same draw): rows name a row of a shared mask table, so a mask many requests share is uploaded once
+and the logits are never rewritten.
 
 One launch: programs of (row, chunk of the vocabulary) write their best (score, index), and the
 row's program that arrives last (an arrival counter per row, left zeroed) picks the row's best over
@@ -69,7 +70,7 @@ def _sample_chunk_kernel(
         if HAS_MASK:
             words = tl.load(m_base + cols // 32, mask=mask, other=-1)  # a row of -1 reads table row 0
             lg = tl.where((((words >> (cols % 32)) & 1) != 0) | (m_row < 0), lg, float("-inf"))
-        u = tl.rand(key, row * vocab + cols)  # U(0, 1)
+        u = _uniforms(key, row * ((vocab + 3) // 4) + off // 4, BLOCK)  # U[0, 1), one per column
         e = -tl.log(u)  # Exp(1); u == 0 gives +inf: that token cannot win
         score = tl.where(sampled, lg / t - tl.log(e), lg)
         better = score > best_val  # strict: a lane keeps its earliest (lowest) index on ties
@@ -96,6 +97,14 @@ def _sample_chunk_kernel(
             )
             best = tl.max(vals, axis=0)
             tl.store(out_ptr + row, tl.min(tl.where(vals == best, idxs, 2147483647), axis=0).to(tl.int64))
+
+
+@triton.jit
+def _uniforms(key, first, BLOCK: tl.constexpr):
+    """(BLOCK,) uniforms in [0, 1) for BLOCK consecutive columns: one Philox counter (first, first + 1,
+    ...) yields four draws, so a row's counters are (row, column // 4) and never overlap another's."""
+    r0, r1, r2, r3 = tl.randint4x(key, first + tl.arange(0, BLOCK // 4))
+    return tl.uint_to_uniform_float(tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (BLOCK,)))
 
 
 @kernel
@@ -140,7 +149,7 @@ def sample_tokens(
     if batch == 0:
         return out
     interp = is_interpreting(logits)
-    block = min(next_pow2(vocab), 256 if interp else 1024)
+    block = max(16, min(next_pow2(vocab), 256 if interp else 1024))  # a multiple of 4 (see _uniforms)
     if num_chunks is None:
         # programs of 2 blocks: 75 per row of the 152k vocabulary, so batch 1 spreads over the SMs and
         # batch 32 has ~2400 programs in flight (chunks of 4 blocks and <= 256 programs in all took
