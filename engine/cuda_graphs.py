@@ -118,7 +118,7 @@ class DecodeGraphs(_TokenGraphs):
         slot_mapping: torch.Tensor,  # (bs,)
         block_tables: torch.Tensor,  # (bs, width) int32
         seq_lens: torch.Tensor,  # (bs,) int32
-    ) -> torch.Tensor:  # (bs, vocab) float32 logits (a view of the graph's output)
+    ) -> torch.Tensor:  # (bs, vocab) logits in the model dtype (a view of the graph's output)
         bs = input_ids.shape[0]
         size = self._load_tokens(input_ids, positions, slot_mapping)
         self.block_tables[:bs, : block_tables.shape[1]].copy_(block_tables)
@@ -175,7 +175,7 @@ class ExtendGraphs(_TokenGraphs):
         block_table: torch.Tensor,  # (1, width) int32
         cu_seqlens: torch.Tensor,  # (2,) int32: [0, n]
         seq_len: torch.Tensor,  # (1,) int32: cached + n
-    ) -> torch.Tensor:  # (1, vocab) float32 logits of the last token (a view of the graph's output)
+    ) -> torch.Tensor:  # (1, vocab) logits of the last token, model dtype (a view of the graph's output)
         n = input_ids.shape[0]
         size = self._load_tokens(input_ids, positions, slot_mapping)
         self.block_table[:, : block_table.shape[1]].copy_(block_table)

@@ -177,7 +177,8 @@ class ModelRunner:
     def execute(
         self, batch: ScheduledBatch, pending: torch.Tensor | None = None
     ) -> tuple[torch.Tensor | None, list[int]]:
-        """Runs one step; returns (logits (num_sampling, vocab) float32, the batch indices that sample)."""
+        """Runs one step; returns (logits (num_sampling, vocab) in the model's dtype, the batch indices
+        that sample)."""
         return self.run(batch, self.prepare(batch, pending))
 
     @torch.inference_mode()

@@ -64,10 +64,14 @@ class Sampler:
         return self._bitmask[:rows]
 
     def process(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """Per-sequence logit changes, in place where possible. logits: (batch, vocab) float32.
-        Rows of finished sequences (their token will be dropped) are left alone. Grammar masks are
-        applied here, or on CUDA left to the next sample() when it runs the fused sampler."""
+        """Per-sequence logit changes, in place where possible. logits: (batch, vocab) in the model's
+        dtype; 16-bit logits that a row edits (bias, penalties, processors) are first copied to float32,
+        so edits never round to 16 bits. Rows of finished sequences (their token will be dropped) are
+        left alone. Grammar masks are applied here, or on CUDA left to the next sample() when it runs
+        the fused sampler."""
         self._deferred = None
+        if logits.dtype != torch.float32 and any(s.edits_logits and _edits_values(s) for s in seqs):
+            logits = logits.float()
         fills: dict[object, list] = {}  # batch filler (None: row by row) -> [(constraint, row, budget)]
         for i, seq in enumerate(seqs):
             if seq.is_finished or (not seq.edits_logits and seq.constraint is None):
@@ -148,8 +152,9 @@ class Sampler:
     def sample(
         self, logits: torch.Tensor, seqs: list[Sequence], static: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """(batch, vocab) processed logits -> (batch,) token ids. static: the whole buffer that
-        logits leads, when it is a decode graph's output (the fused sampler then replays a graph)."""
+        """(batch, vocab) processed logits (float32 or the model's dtype) -> (batch,) token ids. static:
+        the whole buffer that logits leads, when it is a decode graph's output (the fused sampler then
+        replays a graph)."""
         mask_rows, self._deferred = self._deferred, None
         if mask_rows is None and all(s.params.greedy for s in seqs):
             return logits.argmax(dim=-1)
@@ -167,7 +172,7 @@ class Sampler:
         temps = host_to_device(
             [1.0 if s.params.greedy else s.params.temperature for s in seqs], torch.float32, logits.device
         )
-        probs = torch.softmax(logits / temps[:, None], dim=-1)
+        probs = torch.softmax(logits.float() / temps[:, None], dim=-1)
         probs = _filter(probs, seqs)
         # exponential race: argmax(p / E), E ~ Exp(1), samples from p; per-seed generators where asked
         noise = torch.empty_like(probs).exponential_(generator=self.generator)
@@ -181,6 +186,13 @@ class Sampler:
                 host_to_device(greedy, torch.bool, logits.device), logits.argmax(dim=-1), sampled
             )
         return sampled
+
+
+def _edits_values(seq: Sequence) -> bool:
+    """Whether process() changes this row's values (bias, penalties, processors): beyond masking to -inf,
+    which 16-bit logits hold exactly."""
+    p = seq.params
+    return not seq.is_finished and (bool(p.logit_bias) or p.needs_penalties or bool(p.logits_processors))
 
 
 def _plain(seq: Sequence) -> bool:

@@ -178,9 +178,11 @@ class LlamaForCausalLM(nn.Module):
         x, _ = self.norm.forward_add(x, residual)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (batch, hidden) -> (batch, vocab) fp32
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (batch, hidden) -> (batch, vocab)
+        """In the model's dtype, as HF computes them before its float(): the fused sampler reads 16-bit
+        logits as they are, and engine.sampler converts where it edits or normalizes them."""
         weight = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, weight).float()
+        return torch.nn.functional.linear(hidden, weight)
 
 
 def _cos_sin(inv_freq: torch.Tensor, max_positions: int, scaling: float) -> torch.Tensor:

@@ -266,3 +266,26 @@ def test_logprob_tensors_stay_tensors_until_read():
     rows = logprob_rows(t, [1, None])
     assert rows[0][1][0][0] == 1 and rows[1] is None
     assert logprob_tensors(logits, torch.tensor([1, 3]), [None, None]) is None
+
+
+def test_16bit_logits_are_edited_in_float32_and_otherwise_left_as_they_are():
+    # the model's bf16 logits: a row with a penalty is processed in float32 (no rounding to 16 bits)
+    logits = row(3.0, 1.0, 1.0, 1.0).to(torch.bfloat16)
+    seq = make_seq(SamplingParams(frequency_penalty=0.001), prompt=(0, 1), output=(0,))
+    out = sampler().process(logits, [seq])
+    assert out.dtype == torch.float32 and out[0, 0].item() == pytest.approx(3.0 - 0.001, abs=1e-6)
+    assert logits[0, 0].item() == 3.0  # the model's buffer is not edited
+    # masks and sampling alone leave them in their dtype (no copy)
+    plain = make_seq(SamplingParams(temperature=0.0, min_tokens=1))
+    assert sampler().process(logits, [plain]) is logits
+    assert logits[0, EOS].item() == float("-inf")
+
+
+def test_16bit_logits_sample_as_their_float32_values():
+    probs = [0.7, 0.3]
+    bf16 = from_probs(probs, 4000).to(torch.bfloat16)
+    seqs = [make_seq(SamplingParams(temperature=1.0)) for _ in range(4000)]
+    share = (sampler().sample(bf16, seqs) == 0).float().mean().item()
+    assert 0.65 < share < 0.75
+    greedy = [make_seq(SamplingParams(temperature=0.0))]
+    assert sampler().sample(row(0.1, 0.2, 0.05).to(torch.bfloat16), greedy).tolist() == [1]
