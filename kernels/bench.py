@@ -363,9 +363,57 @@ def sweep(dtype, device, timer: Timer, tiny: bool) -> None:
             auto = pa.choose_num_splits(b, NUM_KV_HEADS, ctx, pa._sm_count(device))
             top = "  ".join(f"{c}/{s}={t * 1e6:.1f}" for t, c, s in results[:6])
             print(f"decode B={b} ctx={ctx}: auto splits {auto}; best {top}")
+        _sweep_fused_decode(pa, key, dtype, device, timer, tiny, decode_sweep, splits_sweep)
     finally:
         pa.PREFILL_CONFIGS[key] = prefill_default
         pa.DECODE_CONFIGS.update(decode_defaults)
+
+
+def _new_token(b: int, ctx: int, tables: torch.Tensor, dtype, device):
+    """The fused decode launch's inputs for a batch whose contexts end at ctx: raw q (b, H, D) and the
+    new token's NewTokenQK (its K/V go to each sequence's slot of position ctx - 1)."""
+    from kernels.paged_attention import NewTokenQK
+
+    qkv = _randn(b, NUM_HEADS + 2 * NUM_KV_HEADS, HEAD_DIM, dtype=dtype, device=device)
+    pos = torch.full((b,), ctx - 1, dtype=torch.int64, device=device)
+    slots = tables[:, (ctx - 1) // BLOCK_SIZE].long() * BLOCK_SIZE + (ctx - 1) % BLOCK_SIZE
+    inv_freq = 1.0 / (1_000_000 ** (torch.arange(0, HEAD_DIM, 2, device=device).float() / HEAD_DIM))
+    nw = [(1 + 0.1 * _randn(HEAD_DIM, dtype=torch.float32, device=device)).to(dtype) for _ in range(2)]
+    new = NewTokenQK(
+        qkv[:, NUM_HEADS : NUM_HEADS + NUM_KV_HEADS], qkv[:, NUM_HEADS + NUM_KV_HEADS :], nw[0], nw[1], 1e-6,
+        pos, ref.rope_cos_sin(inv_freq, ctx), slots,
+    )  # fmt: skip
+    return qkv[:, :NUM_HEADS], new
+
+
+def _sweep_fused_decode(pa, key: str, dtype, device, timer: Timer, tiny: bool, configs, splits_sweep) -> None:
+    """The engine's decode launch (q/k norm, RoPE and the new K/V store before the attention) at the
+    decode shapes of W3 (one stream), W1 (32 x ~256) and W2 (256 x ~860) over the same configs."""
+    print("# fused decode (q/k norm + RoPE + K/V store + attention): (BLOCK_N, warps, stages) x splits -> us")
+    for b, ctx in [(1, 64)] if tiny else [(1, 768), (32, 256), (256, 860)]:
+        _, kc, vc, bt, _, sl = _paged(b, ctx, 1, dtype, device)
+        q, new = _new_token(b, ctx, bt, dtype, device)
+        results = []
+        for cfg in configs:
+            pa.DECODE_CONFIGS[key] = cfg
+            if key == "16bit":
+                pa.DECODE_CONFIGS["16bit_wide"] = cfg
+            for splits in splits_sweep:
+                if splits > 1 and ctx // splits < cfg[0]:
+                    continue
+                fn = lambda q=q, kc=kc, vc=vc, bt=bt, sl=sl, new=new, s=splits: pa.paged_decode_attention(
+                    q, kc, vc, bt, sl, HEAD_DIM**-0.5, num_splits=s, new_token=new
+                )
+                try:
+                    t = timer.graph(fn) or timer.eager(fn)
+                except Exception as exc:
+                    print(f"  {cfg} splits={splits}: {type(exc).__name__}")
+                    continue
+                results.append((t, cfg, splits))
+        results.sort()
+        auto = pa.choose_num_splits(b, NUM_KV_HEADS, 4096, pa._sm_count(device))
+        top = "  ".join(f"{c}/{s}={t * 1e6:.1f}" for t, c, s in results[:6])
+        print(f"fused decode B={b} ctx={ctx}: engine splits {auto} (graphs: bound 4096); best {top}")
 
 
 def main(argv: list[str] | None = None) -> int:

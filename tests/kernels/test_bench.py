@@ -24,6 +24,13 @@ def test_tiny_cpu_run(capsys):
     assert all(float(row[-1]) < 1e-5 for row in rows)  # err column vs the reference
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny CPU run is for machines without CUDA")
+def test_tiny_cpu_sweep_covers_the_fused_decode_launch(capsys):
+    assert bench.main(["--tiny", "--sweep", "--reps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "fused decode B=1 ctx=64: engine splits" in out and "best (16, 4, 1)/" in out
+
+
 def test_unknown_kernel_is_rejected():
     with pytest.raises(SystemExit):
         bench.main(["--only", "nope"])
