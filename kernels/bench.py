@@ -13,6 +13,7 @@ difference from the reference run in float32 on the same inputs.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -388,31 +389,36 @@ def _new_token(b: int, ctx: int, tables: torch.Tensor, dtype, device):
 
 def _sweep_fused_decode(pa, key: str, dtype, device, timer: Timer, tiny: bool, configs, splits_sweep) -> None:
     """The engine's decode launch (q/k norm, RoPE and the new K/V store before the attention) at the
-    decode shapes of W3 (one stream), W1 (32 x ~256) and W2 (256 x ~860) over the same configs."""
+    decode shapes of W3 (one stream), W1 (32 x ~256) and W2 (256 x ~860) over the same configs, with
+    the ragged tile in its own loop and in one loop with the others ("/1L", DECODE_ONE_LOOP)."""
     print("# fused decode (q/k norm + RoPE + K/V store + attention): (BLOCK_N, warps, stages) x splits -> us")
     for b, ctx in [(1, 64)] if tiny else [(1, 768), (32, 256), (256, 860)]:
         _, kc, vc, bt, _, sl = _paged(b, ctx, 1, dtype, device)
         q, new = _new_token(b, ctx, bt, dtype, device)
         results = []
-        for cfg in configs:
-            pa.DECODE_CONFIGS[key] = cfg
-            if key == "16bit":
-                pa.DECODE_CONFIGS["16bit_wide"] = cfg
-            for splits in splits_sweep:
+        default_one_loop = pa.DECODE_ONE_LOOP
+        try:
+            for cfg, splits, one_loop in itertools.product(configs, splits_sweep, (False, True)):
                 if splits > 1 and ctx // splits < cfg[0]:
                     continue
+                pa.DECODE_CONFIGS[key] = cfg
+                if key == "16bit":
+                    pa.DECODE_CONFIGS["16bit_wide"] = cfg
+                pa.DECODE_ONE_LOOP = one_loop  # read at launch (and at capture)
                 fn = lambda q=q, kc=kc, vc=vc, bt=bt, sl=sl, new=new, s=splits: pa.paged_decode_attention(
                     q, kc, vc, bt, sl, HEAD_DIM**-0.5, num_splits=s, new_token=new
                 )
                 try:
                     t = timer.graph(fn) or timer.eager(fn)
                 except Exception as exc:
-                    print(f"  {cfg} splits={splits}: {type(exc).__name__}")
+                    print(f"  {cfg} splits={splits} one_loop={one_loop}: {type(exc).__name__}")
                     continue
-                results.append((t, cfg, splits))
+                results.append((t, cfg, splits, one_loop))
+        finally:
+            pa.DECODE_ONE_LOOP = default_one_loop
         results.sort()
         auto = pa.choose_num_splits(b, NUM_KV_HEADS, 4096, pa._sm_count(device))
-        top = "  ".join(f"{c}/{s}={t * 1e6:.1f}" for t, c, s in results[:6])
+        top = "  ".join(f"{c}/{s}{'/1L' if one else ''}={t * 1e6:.1f}" for t, c, s, one in results[:8])
         print(f"fused decode B={b} ctx={ctx}: engine splits {auto} (graphs: bound 4096); best {top}")
 
 

@@ -224,6 +224,7 @@ def _decode_kernel(
     HAS_NORM: tl.constexpr,
     FUSED_REDUCE: tl.constexpr,  # the last split of each (sequence, KV head) to finish merges them all
     DOT_PREC: tl.constexpr,
+    ONE_LOOP: tl.constexpr,  # every tile through one masked loop (DECODE_ONE_LOOP)
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -294,8 +295,12 @@ def _decode_kernel(
     l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)
     bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
-    # the window is already applied through s_lo: whole tiles unmasked, then the ragged last one
+    # the window is already applied through s_lo: whole tiles unmasked, then the ragged last one (or,
+    # ONE_LOOP, all tiles masked in one software pipeline, so the ragged tile's loads are not issued
+    # only after the whole tiles are done)
     mid = s_lo + tl.maximum(s_hi - s_lo, 0) // BLOCK_N * BLOCK_N
+    if ONE_LOOP:
+        mid = s_lo
     for start in range(s_lo, mid, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, s_hi, q_pos, kvh, d, d_mask,
@@ -399,6 +404,13 @@ DECODE_CONFIGS = {  # (BLOCK_N, num_warps, num_stages)
     "fp32": (32, 8, 2),
     "interpret": (16, 4, 1),
 }
+
+
+# Decode tiles: the whole ones through an unmasked loop, then the ragged last one through a masked loop
+# (False), or all of them through one masked loop (True: one software pipeline, the ragged tile's loads
+# in flight with the others). Read at launch; not yet measured on the H200 (kernels.bench --sweep times
+# both in its fused-decode section).
+DECODE_ONE_LOOP = False
 
 
 def _config_key(q: torch.Tensor) -> str:
@@ -657,7 +669,7 @@ def paged_decode_attention(
         BLOCK_N=block_n, BLOCK_D=next_pow2(d), NUM_SPLITS=num_splits, BLOCK_S=next_pow2(num_splits),
         HAS_WINDOW=sliding_window is not None, HAS_ALIBI=alibi_slopes is not None,
         FUSE_QK=nt is not None, HAS_NORM=has_norm, FUSED_REDUCE=fused_reduce,
-        DOT_PREC=_dot_precision(q.dtype), num_warps=warps, num_stages=stages,
+        DOT_PREC=_dot_precision(q.dtype), ONE_LOOP=DECODE_ONE_LOOP, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if num_splits > 1 and not fused_reduce:
         _decode_reduce_kernel[(b, h)](

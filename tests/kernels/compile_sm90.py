@@ -34,6 +34,7 @@ TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", t
 
 
 def _launches(dtype: torch.dtype):
+    from kernels import paged_attention as pa
     from kernels.activation import silu_and_mul
     from kernels.bitmask import apply_token_bitmask_
     from kernels.kv_cache import store_kv
@@ -69,7 +70,13 @@ def _launches(dtype: torch.dtype):
                     qkv[:2, 16:24], qkv[:2, 24:], w[:128], w[:128], 1e-6, torch.arange(2),
                     torch.randn(16, 128), torch.arange(2),
                 )  # fmt: skip
-                paged_decode_attention(qkv[:2, :16], kc, vc, bt, sl, 0.1, new_token=new, num_splits=splits)
+                for one_loop in (False, True):  # DECODE_ONE_LOOP: every tile in one masked loop, or not
+                    pa.DECODE_ONE_LOOP = one_loop
+                    try:
+                        q2 = qkv[:2, :16]
+                        paged_decode_attention(q2, kc, vc, bt, sl, 0.1, new_token=new, num_splits=splits)
+                    finally:
+                        pa.DECODE_ONE_LOOP = False
             from kernels.gemv import add_rms_norm_gemv, gemv
 
             h1, wq = torch.randn(1, 1024).to(dtype), torch.randn(4096, 1024).to(dtype)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels import paged_attention
 from kernels import reference as ref
 from kernels.paged_attention import NewTokenQK, paged_decode_attention
 from tests.kernels.paged import ATOL, GPU_ATOL, gpu, make_paged, max_err
@@ -60,7 +61,9 @@ def _fused(q, k, v, wq, wk, pos, cs, kc, vc, bt, sl, slots, window=None, **kw):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("norm", [True, False])
-def test_fused_decode_matches_reference(dtype, num_splits, norm):
+@pytest.mark.parametrize("one_loop", [False, True])
+def test_fused_decode_matches_reference(dtype, num_splits, norm, one_loop, monkeypatch):
+    monkeypatch.setattr(paged_attention, "DECODE_ONE_LOOP", one_loop)
     case = _case(dtype, [37, 5, 70], norm=norm)
     out, kc, vc = _fused(*case, num_splits=num_splits)
     want, kc_ref, vc_ref = _reference(*case)
@@ -70,7 +73,9 @@ def test_fused_decode_matches_reference(dtype, num_splits, norm):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_fused_decode_window_and_padding_row(dtype):
+@pytest.mark.parametrize("one_loop", [False, True])
+def test_fused_decode_window_and_padding_row(dtype, one_loop, monkeypatch):
+    monkeypatch.setattr(paged_attention, "DECODE_ONE_LOOP", one_loop)
     case = _case(dtype, [40, 0, 23])  # row 1 is CUDA-graph padding: seq_len 0, slot -1
     out, kc, vc = _fused(*case, window=9, num_splits=2)
     want, kc_ref, vc_ref = _reference(*case, window=9)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels import paged_attention as pa
 from kernels import reference as ref
 from kernels.paged_attention import (
     choose_num_splits,
@@ -108,9 +109,11 @@ def test_decode_matches_reference(dtype, block_size, num_splits):
 @pytest.mark.parametrize(
     ("window", "alibi", "num_splits"), [(9, False, 1), (30, False, 4), (None, True, 3), (25, True, 2)]
 )
-def test_decode_window_and_alibi(dtype, window, alibi, num_splits):
-    out, args = _decode(dtype, 16, DECODE_CTX, num_splits, window, alibi)
-    assert max_err(out, ref.decode_attention(*args)) < ATOL[dtype]
+def test_decode_window_and_alibi(dtype, window, alibi, num_splits, monkeypatch):
+    for one_loop in (False, True):  # paged_attention.DECODE_ONE_LOOP: the same result either way
+        monkeypatch.setattr(pa, "DECODE_ONE_LOOP", one_loop)
+        out, args = _decode(dtype, 16, DECODE_CTX, num_splits, window, alibi)
+        assert max_err(out, ref.decode_attention(*args)) < ATOL[dtype]
 
 
 def test_decode_equals_prefill_of_one_token():
