@@ -70,13 +70,13 @@ class Sampler:
         left alone. Grammar masks are applied here, or on CUDA left to the next sample() when it runs
         the fused sampler."""
         self._deferred = None
-        if logits.dtype != torch.float32 and any(s.edits_logits and _edits_values(s) for s in seqs):
-            logits = logits.float()
         fills: dict[object, list] = {}  # batch filler (None: row by row) -> [(constraint, row, budget)]
         for i, seq in enumerate(seqs):
             if seq.is_finished or (not seq.edits_logits and seq.constraint is None):
                 continue
             p = seq.params
+            if logits.dtype != torch.float32 and (p.logit_bias or p.needs_penalties or p.logits_processors):
+                logits = logits.float()  # the first row that edits values: -inf set so far is kept
             if p.logit_bias:
                 ids = host_to_device(list(p.logit_bias), torch.long, logits.device)
                 logits[i, ids] += host_to_device(list(p.logit_bias.values()), logits.dtype, logits.device)
@@ -186,13 +186,6 @@ class Sampler:
                 host_to_device(greedy, torch.bool, logits.device), logits.argmax(dim=-1), sampled
             )
         return sampled
-
-
-def _edits_values(seq: Sequence) -> bool:
-    """Whether process() changes this row's values (bias, penalties, processors): beyond masking to -inf,
-    which 16-bit logits hold exactly."""
-    p = seq.params
-    return not seq.is_finished and (bool(p.logit_bias) or p.needs_penalties or bool(p.logits_processors))
 
 
 def _plain(seq: Sequence) -> bool:

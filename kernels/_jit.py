@@ -142,3 +142,16 @@ def is_interpreting(t: torch.Tensor) -> bool:
 
 def next_pow2(n: int) -> int:
     return triton.next_power_of_2(max(1, int(n)))
+
+
+_COUNTERS: dict[tuple[str, str, int | None], torch.Tensor] = {}
+
+
+def arrival_counters(owner: str, size: int, device: torch.device) -> torch.Tensor:
+    """(size,) int32 zeros for a kernel whose programs count their arrivals so that the last one to
+    arrive reduces the others' partials: one buffer per (owner, device), allocated once (CUDA graphs
+    keep its address), which every launch leaves zeroed."""
+    key = (owner, device.type, device.index)
+    if key not in _COUNTERS:
+        _COUNTERS[key] = torch.zeros(size, dtype=torch.int32, device=device)
+    return _COUNTERS[key]

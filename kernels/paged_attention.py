@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._jit import is_interpreting, kernel, next_pow2
+from kernels._jit import arrival_counters, is_interpreting, kernel, next_pow2
 
 LOG2E = 1.4426950408889634
 
@@ -581,17 +581,12 @@ class NewTokenQK(NamedTuple):
     slot_mapping: torch.Tensor  # (batch,) int; < 0 = padding
 
 
-_COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
 _MAX_COUNTERS = 1 << 16
 
 
 def _counters(device: torch.device) -> torch.Tensor:
-    """Arrival counters of the fused split merge: one per (sequence, KV head), allocated once per device
-    (CUDA graphs keep its address) and left zeroed by every launch."""
-    key = (device.type, device.index)
-    if key not in _COUNTERS:
-        _COUNTERS[key] = torch.zeros(_MAX_COUNTERS, dtype=torch.int32, device=device)
-    return _COUNTERS[key]
+    """Arrival counters of the fused split merge: one per (sequence, KV head)."""
+    return arrival_counters("decode_attention", _MAX_COUNTERS, device)
 
 
 def paged_decode_attention(

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._jit import is_interpreting, kernel, next_pow2
+from kernels._jit import arrival_counters, is_interpreting, kernel, next_pow2
 
 
 # the seed changes every step: specialized like other ints (== 1, % 16 == 0), a seed that happened to be
@@ -87,16 +87,20 @@ def _sample_chunk_kernel(
         arrived = tl.atomic_add(counter_ptr + row, 1, sem="acq_rel", scope="gpu")
         if arrived == num_chunks - 1:
             tl.store(counter_ptr + row, 0)  # zeroed for the next launch
-            offs = tl.arange(0, BLOCK_C)
-            inside = offs < num_chunks
-            vals = tl.load(
-                best_val_ptr + row * num_chunks + offs, mask=inside, other=float("-inf"), cache_modifier=".cg"
-            )
-            idxs = tl.load(
-                best_idx_ptr + row * num_chunks + offs, mask=inside, other=2147483647, cache_modifier=".cg"
-            )
-            best = tl.max(vals, axis=0)
-            tl.store(out_ptr + row, tl.min(tl.where(vals == best, idxs, 2147483647), axis=0).to(tl.int64))
+            _pick_row(best_val_ptr, best_idx_ptr, out_ptr, row, num_chunks, BLOCK_C)
+
+
+@triton.jit
+def _pick_row(best_val_ptr, best_idx_ptr, out_ptr, row, num_chunks, BLOCK_C: tl.constexpr):
+    """The row's token from its chunks' bests: the highest score; chunks are in index order, so the
+    lowest index among tied chunks is the row's first maximum (a helper of both reductions)."""
+    offs = tl.arange(0, BLOCK_C)
+    inside = offs < num_chunks
+    at = row * num_chunks + offs
+    vals = tl.load(best_val_ptr + at, mask=inside, other=float("-inf"), cache_modifier=".cg")
+    idxs = tl.load(best_idx_ptr + at, mask=inside, other=2147483647, cache_modifier=".cg")
+    best = tl.max(vals, axis=0)
+    tl.store(out_ptr + row, tl.min(tl.where(vals == best, idxs, 2147483647), axis=0).to(tl.int64))
 
 
 @triton.jit
@@ -115,14 +119,7 @@ def _sample_reduce_kernel(
     num_chunks,
     BLOCK: tl.constexpr,  # >= num_chunks
 ):
-    row = tl.program_id(0)
-    offs = tl.arange(0, BLOCK)
-    mask = offs < num_chunks
-    val = tl.load(best_val_ptr + row * num_chunks + offs, mask=mask, other=float("-inf"))
-    idx = tl.load(best_idx_ptr + row * num_chunks + offs, mask=mask, other=2147483647)
-    top = tl.max(val, axis=0)
-    # chunks are in index order, so the lowest index among the tied chunks is the row's first maximum
-    tl.store(out_ptr + row, tl.min(tl.where(val == top, idx, 2147483647), axis=0).to(tl.int64))
+    _pick_row(best_val_ptr, best_idx_ptr, out_ptr, tl.program_id(0), num_chunks, BLOCK)
 
 
 def sample_tokens(
@@ -179,13 +176,9 @@ def sample_tokens(
     return out
 
 
-_COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
 MAX_FUSED_ROWS = 4096
 
 
 def _counters(device: torch.device) -> torch.Tensor:
-    """Per-row arrival counters of the in-kernel reduction, allocated once per device and left zeroed."""
-    key = (device.type, device.index)
-    if key not in _COUNTERS:
-        _COUNTERS[key] = torch.zeros(MAX_FUSED_ROWS, dtype=torch.int32, device=device)
-    return _COUNTERS[key]
+    """Per-row arrival counters of the in-kernel reduction."""
+    return arrival_counters("sampling", MAX_FUSED_ROWS, device)

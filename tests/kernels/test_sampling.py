@@ -156,7 +156,9 @@ def test_in_kernel_reduction_equals_the_second_launch(monkeypatch):
     fused = sample_tokens(logits, temps, seed=3, num_chunks=3)
     assert int(sampling._counters(logits.device).abs().sum()) == 0  # left zeroed for the next launch
     # a batch past the counters reduces in a second launch: the same draw
-    monkeypatch.setitem(sampling._COUNTERS, ("cpu", None), torch.zeros(2, dtype=torch.int32))
+    from kernels import _jit
+
+    monkeypatch.setitem(_jit._COUNTERS, ("sampling", "cpu", None), torch.zeros(2, dtype=torch.int32))
     assert torch.equal(sample_tokens(logits, temps, seed=3, num_chunks=3), fused)
 
 
