@@ -113,6 +113,10 @@ class Kernel:
 
         return launch
 
+    def warmup(self, grid, *args, **kwargs):
+        """Compiles (without launching) for these CUDA arguments; returns Triton's compiled kernel."""
+        return self._pick(args, kwargs).warmup(*args, grid=grid, **kwargs)
+
 
 def kernel(fn=None, **jit_kwargs):
     if fn is None:

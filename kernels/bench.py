@@ -440,6 +440,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (smoke test; allowed on the CPU)")
     parser.add_argument("--sweep", action="store_true",
                         help="instead: sweep attention tile configs and decode split counts")  # fmt: skip
+    parser.add_argument("--sweep-tail", action="store_true",
+                        help="instead: time the one-launch decode layer tail (kernels.decode_tail) over "
+                        "configurations against its four projections launched one by one")  # fmt: skip
     parser.add_argument("--sweep-gemv", default="",
                         help="instead: sweep kernels.gemv configs vs cuBLAS at these M (comma list), "
                         "and time the fused sampling")  # fmt: skip
@@ -469,6 +472,11 @@ def main(argv: list[str] | None = None) -> int:
           f"reps {args.reps}  flush_l2 {args.flush_l2}")  # fmt: skip
     if args.sweep:
         sweep(DTYPES[args.dtype], device, timer, args.tiny)
+        return 0
+    if args.sweep_tail:
+        if device.type != "cuda":
+            parser.error("--sweep-tail needs a CUDA device")
+        sweep_tail(DTYPES[args.dtype], device)
         return 0
     if args.sweep_gemv:
         if device.type != "cuda":
@@ -522,6 +530,56 @@ def _streamed(call: Callable[[int], object], copies: int, reps: int) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / 1e3 / copies)
     return statistics.median(times)
+
+
+def sweep_tail(dtype, device, reps: int = 10) -> None:
+    """Times kernels.decode_tail (o_proj -> norm + gate_up -> SiLU + down -> next norm + qkv in one
+    launch with grid barriers) over configurations against the same four projections launched one by
+    one (what the engine ran before), at the Qwen3-0.6B shapes, 8 layers' weights streamed from HBM."""
+    from kernels import dispatch as ops
+    from kernels import reference as ref
+    from kernels.decode_tail import TailConfig, decode_layer_tail
+
+    copies = 8
+    r = lambda *shape: _randn(*shape, dtype=dtype, device=device) * shape[-1] ** -0.5
+    norm = lambda: (1 + 0.1 * torch.randn(HIDDEN, device=device)).to(dtype)
+    inter, width, nq = INTERMEDIATE, NUM_HEADS * HEAD_DIM, (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
+    ws = [
+        ref.TailWeights(r(HIDDEN, width), None, norm(), 1e-6, r(2 * inter, HIDDEN), None, r(HIDDEN, inter),
+                        None, norm(), 1e-6, r(nq, HIDDEN), None)
+        for _ in range(copies)
+    ]  # fmt: skip
+    mib = sum(t.numel() * t.element_size() for t in ws[0] if isinstance(t, torch.Tensor)) / 2**20
+    print(f"# decode layer tail ({mib:.0f} MiB of weights a layer): us per layer (graph replay of {copies})")
+    configs = [TailConfig(*c) for c in ((4, 4), (3, 4), (2, 4), (5, 4), (6, 4), (1, 8), (2, 8), (1, 16))]
+    for m in (1,):
+        a, res = _randn(m, width, dtype=dtype, device=device), _randn(m, HIDDEN, dtype=dtype, device=device)
+        expect, _ = ref.decode_layer_tail(a.float(), res.float(), ref.TailWeights(*(
+            t.float() if isinstance(t, torch.Tensor) else t for t in ws[0])))  # fmt: skip
+        saved, ops.DECODE_TAIL = ops.DECODE_TAIL, False
+        try:
+            t_ops = _streamed(lambda i, a=a, res=res: ops.decode_layer_tail(a, res, ws[i]), copies, reps)
+        finally:
+            ops.DECODE_TAIL = saved
+        staged = lambda i, a=a, res=res: decode_layer_tail(a, res, ws[i], fused=False)
+        t_staged = _streamed(staged, copies, reps)
+        results = []
+        for cfg in configs:
+            try:
+                got, _ = decode_layer_tail(a, res, ws[0], config=cfg)
+                err = _err(got, expect) / expect.abs().max().item()
+                t = _streamed(lambda i, a=a, res=res, cfg=cfg: decode_layer_tail(a, res, ws[i], config=cfg),
+                              copies, reps)  # fmt: skip
+            except Exception as exc:  # a config the chip cannot hold
+                print(f"  M={m} {tuple(cfg)}: {type(exc).__name__}: {str(exc)[:100]}")
+                continue
+            results.append((t, cfg, err))
+        results.sort(key=lambda x: x[0])
+        gbs = mib * 2**20 / 1e12
+        print(f"tail M={m}: per op {t_ops * 1e6:.2f} us, staged launches {t_staged * 1e6:.2f}, "
+              f"one launch best {results[0][0] * 1e6:.2f} ({gbs / results[0][0]:.2f} TB/s) "
+              f"{tuple(results[0][1])} rel_err {results[0][2]:.1e}")  # fmt: skip
+        print("    top: " + "  ".join(f"{tuple(c)}={t * 1e6:.2f}" for t, c, _ in results[:6]))
 
 
 def _gemv_sweep_configs(m: int) -> list:

@@ -14,6 +14,7 @@ Differences of the Triton path that callers must respect (the references are pur
   GEMV does not run); use the returned residual.
 - `qk_norm_rope_store_kv` (not a reference kernel of the first list) replaces q_norm + k_norm +
   apply_rope + store_kv: one launch instead of four per layer, for launch-bound decode steps.
+- `decode_layer_tail` may consume `residual` (as `add_rms_norm_linear`); use the returned one.
 - `decode_attention` takes `out`, `max_seq_len`, `num_splits` (python ints) and is CUDA-graph safe;
   see kernels.paged_attention.paged_decode_attention. A sequence of length 0 yields zeros (the
   reference yields NaN).
@@ -300,6 +301,32 @@ def add_rms_norm_linear(
     else:
         h, residual = fused_add_rms_norm(x, residual, norm_weight, eps)
     return linear(h, weight, bias), residual
+
+
+DECODE_TAIL = True  # the one-launch layer tail at batch 1 on CUDA (kernels.decode_tail); False: per op
+
+
+def decode_layer_tail(
+    a: torch.Tensor,  # (M, A): the attention output
+    residual: torch.Tensor,  # (M, H)
+    w: ref.TailWeights,
+) -> tuple[torch.Tensor, torch.Tensor]:  # (next layer's qkv (M, NQ) or the MLP output (M, H), residual)
+    """o projection, residual add + RMSNorm + gate_up, SiLU + down and (w.qkv_next) the next layer's
+    residual add + RMSNorm + qkv: on CUDA at decode batch 1 one persistent launch (kernels.decode_tail),
+    elsewhere the ops above one by one (which may consume `residual`, as add_rms_norm_linear does)."""
+    if DECODE_TAIL and use_triton(a) and a.dim() == 2:
+        from kernels import decode_tail
+
+        if decode_tail.fits(a.shape[0], a.dtype, w, a.device) and residual.dtype == a.dtype:
+            return decode_tail.decode_layer_tail(a, residual, w)
+    if not use_triton(a):
+        return ref.decode_layer_tail(a, residual, w)
+    o = linear(a, w.o, w.o_bias)
+    gate_up, residual = add_rms_norm_linear(o, residual, w.norm2, w.eps2, w.gate_up, w.gate_up_bias)
+    y = silu_and_mul_linear(gate_up, w.down, w.down_bias)
+    if w.qkv_next is None:
+        return y, residual
+    return add_rms_norm_linear(y, residual, w.norm1_next, w.eps1_next, w.qkv_next, w.qkv_next_bias)
 
 
 def sample_tokens(

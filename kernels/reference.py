@@ -5,6 +5,8 @@ k_cache, v_cache: (num_blocks, block_size, num_kv_heads, head_dim); slot = block
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -227,6 +229,39 @@ def add_rms_norm_linear(
     else:
         h, new_residual = fused_add_rms_norm(x, residual, norm_weight, eps)
     return linear(h, weight, bias), new_residual
+
+
+class TailWeights(NamedTuple):
+    """One decoder layer's tail: its o projection, post-attention norm and MLP, and (None for the last
+    layer) the next layer's input norm and qkv projection."""
+
+    o: torch.Tensor  # (H, A)
+    o_bias: torch.Tensor | None
+    norm2: torch.Tensor  # (H,)
+    eps2: float
+    gate_up: torch.Tensor  # (2I, H)
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor  # (H, I)
+    down_bias: torch.Tensor | None
+    norm1_next: torch.Tensor | None  # (H,)
+    eps1_next: float
+    qkv_next: torch.Tensor | None  # (NQ, H)
+    qkv_next_bias: torch.Tensor | None
+
+
+def decode_layer_tail(
+    a: torch.Tensor,  # (M, A): the attention output
+    residual: torch.Tensor,  # (M, H)
+    w: TailWeights,
+) -> tuple[torch.Tensor, torch.Tensor]:  # (next qkv (M, NQ) or the MLP output (M, H), new residual)
+    """Everything after a layer's attention up to the next layer's attention: o projection, residual add +
+    RMSNorm + gate_up, SiLU-and-mul + down, and (if w.qkv_next) the next residual add + RMSNorm + qkv."""
+    o = linear(a, w.o, w.o_bias)
+    gate_up, residual = add_rms_norm_linear(o, residual, w.norm2, w.eps2, w.gate_up, w.gate_up_bias)
+    y = linear(silu_and_mul(gate_up), w.down, w.down_bias)
+    if w.qkv_next is None:
+        return y, residual
+    return add_rms_norm_linear(y, residual, w.norm1_next, w.eps1_next, w.qkv_next, w.qkv_next_bias)
 
 
 def sample_tokens(

@@ -9,6 +9,7 @@ from torch import nn
 
 from engine.attention import AttentionMetadata, attention_block
 from kernels import dispatch as ops
+from kernels import reference as ref
 
 
 class RMSNorm(nn.Module):
@@ -70,25 +71,25 @@ class Attention(nn.Module):
         cos_sin: torch.Tensor,  # (max_positions, head_dim)
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        qkv = ops.linear(x, self.qkv_proj.weight, self.qkv_proj.bias)  # decode: Triton GEMV
-        return self.forward_qkv(qkv, positions, cos_sin, kv_cache, meta)
+    ) -> torch.Tensor:  # (num_tokens, hidden); the model itself runs attend() between fused projections
+        qkv = ops.linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
+        o = self.attend(qkv, positions, cos_sin, kv_cache, meta)
+        return ops.linear(o, self.o_proj.weight, self.o_proj.bias)
 
-    def forward_qkv(
+    def attend(
         self,
-        qkv: torch.Tensor,  # (num_tokens, q_size + 2 * kv_size): the qkv projection's output
+        qkv: torch.Tensor,  # (num_tokens, q_size + 2 * kv_size)
         positions: torch.Tensor,
         cos_sin: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
-    ) -> torch.Tensor:  # (num_tokens, hidden)
-        o = attention_block(
+    ) -> torch.Tensor:  # (num_tokens, q_size): the attention output, before o_proj
+        return attention_block(
             qkv, self.num_heads, self.num_kv_heads, self.head_dim,
             self.q_norm.weight if self.qk_norm else None, self.k_norm.weight if self.qk_norm else None,
             self.q_norm.eps if self.qk_norm else 0.0, positions, cos_sin, kv_cache, meta, self.scale,
             self.sliding_window,
         )  # fmt: skip
-        return ops.linear(o, self.o_proj.weight, self.o_proj.bias)
 
 
 def _layer_sliding_window(config, layer_idx: int) -> int | None:
@@ -118,12 +119,8 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # the model runs these inside ops.decode_layer_tail
         gate_up = ops.linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias)
-        return self.forward_gate_up(gate_up)
-
-    def forward_gate_up(self, gate_up: torch.Tensor) -> torch.Tensor:
-        # (num_tokens, 2 * intermediate), the gate_up projection's output -> (num_tokens, hidden)
         return ops.silu_and_mul_linear(gate_up, self.down_proj.weight, self.down_proj.bias)
 
 
@@ -135,20 +132,32 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, residual, positions, cos_sin, kv_cache, meta):
-        """x: (num_tokens, hidden), the previous layer's output (the embeddings for the first layer, where
-        residual is None). Each (residual add +) RMSNorm runs inside the projection that reads it
-        (ops.add_rms_norm_linear): at decode batch sizes, one launch instead of two."""
-        attn, mlp = self.self_attn, self.mlp
-        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
-        qkv, residual = ops.add_rms_norm_linear(
-            x, residual, norm1.weight, norm1.eps, attn.qkv_proj.weight, attn.qkv_proj.bias
-        )  # (num_tokens, q_size + 2 * kv_size)
-        o = attn.forward_qkv(qkv, positions, cos_sin, kv_cache, meta)  # (num_tokens, hidden)
-        gate_up, residual = ops.add_rms_norm_linear(
-            o, residual, norm2.weight, norm2.eps, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias
-        )  # (num_tokens, 2 * intermediate)
-        return mlp.forward_gate_up(gate_up), residual
+    def qkv(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first layer's (residual add +) RMSNorm and qkv projection; later layers get theirs from the
+        previous layer's tail."""
+        norm1, attn = self.input_layernorm, self.self_attn
+        return ops.add_rms_norm_linear(x, residual, norm1.weight, norm1.eps, attn.qkv_proj.weight,
+                                       attn.qkv_proj.bias)  # fmt: skip
+
+    def tail_weights(self, next_layer: DecoderLayer | None) -> ref.TailWeights:
+        attn, mlp, norm2 = self.self_attn, self.mlp, self.post_attention_layernorm
+        norm1 = next_layer.input_layernorm if next_layer is not None else None
+        qkv = next_layer.self_attn.qkv_proj if next_layer is not None else None
+        return ref.TailWeights(
+            attn.o_proj.weight, attn.o_proj.bias, norm2.weight, norm2.eps, mlp.gate_up_proj.weight,
+            mlp.gate_up_proj.bias, mlp.down_proj.weight, mlp.down_proj.bias,
+            norm1.weight if norm1 is not None else None, norm1.eps if norm1 is not None else 0.0,
+            qkv.weight if qkv is not None else None, qkv.bias if qkv is not None else None,
+        )  # fmt: skip
+
+    def forward(self, qkv, residual, positions, cos_sin, kv_cache, meta, next_layer: DecoderLayer | None):
+        """qkv: (num_tokens, q_size + 2 * kv_size), this layer's projected input; residual: the stream so
+        far. Returns (the next layer's qkv, residual), or (the MLP output, residual) for the last layer.
+        Each (residual add +) RMSNorm runs inside the projection that reads it, and at decode batch 1 the
+        whole tail from o_proj to the next layer's qkv is one launch (ops.decode_layer_tail)."""
+        attn = self.self_attn
+        a = attn.attend(qkv, positions, cos_sin, kv_cache, meta)  # (num_tokens, q_size)
+        return ops.decode_layer_tail(a, residual, self.tail_weights(next_layer))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -172,9 +181,11 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # (num_tokens, hidden)
         x = self.embed_tokens(input_ids)
-        residual = None
-        for layer, kv in zip(self.layers, kv_caches, strict=True):
-            x, residual = layer(x, residual, positions, self.cos_sin, kv, meta)
+        x, residual = self.layers[0].qkv(x, None)
+        layers = list(self.layers)
+        for i, (layer, kv) in enumerate(zip(layers, kv_caches, strict=True)):
+            nxt = layers[i + 1] if i + 1 < len(layers) else None
+            x, residual = layer(x, residual, positions, self.cos_sin, kv, meta, nxt)
         x, _ = self.norm.forward_add(x, residual)
         return x
 

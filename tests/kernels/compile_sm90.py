@@ -70,19 +70,28 @@ def _launches(dtype: torch.dtype):
                     qkv[:2, 16:24], qkv[:2, 24:], w[:128], w[:128], 1e-6, torch.arange(2),
                     torch.randn(16, 128), torch.arange(2),
                 )  # fmt: skip
+                default = pa.DECODE_ONE_LOOP
                 for one_loop in (False, True):  # DECODE_ONE_LOOP: every tile in one masked loop, or not
                     pa.DECODE_ONE_LOOP = one_loop
                     try:
                         q2 = qkv[:2, :16]
                         paged_decode_attention(q2, kc, vc, bt, sl, 0.1, new_token=new, num_splits=splits)
                     finally:
-                        pa.DECODE_ONE_LOOP = False
+                        pa.DECODE_ONE_LOOP = default
             from kernels.gemv import add_rms_norm_gemv, gemv
 
             h1, wq = torch.randn(1, 1024).to(dtype), torch.randn(4096, 1024).to(dtype)
             for res in (None, h1.clone()):  # the decode GEMVs at M = 1, the norm folded in or not
                 add_rms_norm_gemv(h1, res, w, 1e-6, wq)
             gemv(torch.randn(1, 6144).to(dtype), torch.randn(1024, 3072).to(dtype), silu_mul=True)
+            from kernels.decode_tail import decode_layer_tail
+            from kernels.reference import TailWeights
+
+            r = lambda *shape: torch.randn(*shape).to(dtype)
+            for m, has_next, b in ((1, True, None), (1, False, None), (1, True, r(6144))):  # one launch
+                nxt = (w, 1e-6, r(4096, 1024), None) if has_next else (None, 1e-6, None, None)
+                tw = TailWeights(r(1024, 2048), None, w, 1e-6, r(6144, 1024), b, r(1024, 3072), None, *nxt)
+                decode_layer_tail(r(m, 2048), r(m, 1024), tw)
             apply_token_bitmask_(torch.randn(4, 1000), torch.zeros(4, 32, dtype=torch.int32), torch.arange(2))
             from kernels.sampling import sample_tokens
 
@@ -98,7 +107,8 @@ def _compile(fn, args, kwargs):
     """What JITFunction.run would compile for these arguments (16-byte alignment assumed, as torch gives)."""
     jf = JITFunction(fn)
     kwargs = dict(kwargs)
-    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+    option_names = ("num_warps", "num_stages", "launch_cooperative_grid")
+    options = {k: kwargs.pop(k) for k in option_names if k in kwargs}
     values = dict(zip(jf.arg_names, args, strict=False)) | kwargs
     signature, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(jf.arg_names):
@@ -148,7 +158,8 @@ def main() -> int:
                 stack = _stack_bytes(compiled.asm["cubin"], Path(tmp))
                 # a few bytes of stack are tolerated: the unsplit 128-key decode tile keeps 8 and is
                 # still the fastest configuration measured (kernels.bench --sweep)
-                spills = bool(stack) and stack > SPILL_TOLERANCE and "attention" in fn.__module__
+                checked = "attention" in fn.__module__ or "tail" in fn.__module__
+                spills = bool(stack) and stack > SPILL_TOLERANCE and checked
                 failures += spills
                 print(f"{'SPILL' if spills else 'ok'} {name} shared={compiled.metadata.shared} stack={stack}")
     return 1 if failures else 0
