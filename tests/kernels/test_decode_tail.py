@@ -116,3 +116,18 @@ def test_decode_tail_gpu_cuda_graph_replays():
         graph.replay()
         expect, expect_res = decode_layer_tail(a, res, w, fused=False)
         assert torch.equal(out, expect) and torch.equal(out_res, expect_res)
+
+
+def test_decode_tail_takes_only_what_fits_in_registers():
+    from kernels.decode_tail import fits
+
+    cpu = torch.device("cpu")  # planned for the H200's 132 SMs
+    small = _weights(*QWEN3_06B, torch.bfloat16)
+    assert fits(1, torch.bfloat16, small, cpu)
+    assert not fits(2, torch.bfloat16, small, cpu)  # the engine's batch 1 only
+    assert not fits(1, torch.float32, _weights(*QWEN3_06B, torch.float32), cpu)  # fp32 stays per op
+    # an 8B shape: a program's gate_up rows (28672 / 264 -> 128 x 4096) cannot sit in registers
+    e = lambda *shape: torch.empty(*shape, dtype=torch.bfloat16)
+    big = ref.TailWeights(e(4096, 4096), None, e(4096), 1e-6, e(28672, 4096), None, e(4096, 14336), None,
+                          e(4096), 1e-6, e(6144, 4096), None)  # fmt: skip
+    assert not fits(1, torch.bfloat16, big, cpu)
