@@ -114,12 +114,14 @@ def _checkpoint(shape: dict, vocab: int, folder: Path, dummy: bool) -> Path:
 def _time_engine(llm, prompts, outs, temperature: float, label: str) -> tuple[float, int]:
     import torch
 
+    from engine.bench_observe import NewKernels
+
     params = [_params(n, temperature) for n in outs]
     llm.reset_prefix_cache()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     steps0 = llm.core.num_steps
-    with _observed(llm):
+    with _observed(llm), NewKernels() as new_kernels:
         t0 = time.perf_counter()
         results = llm.generate(prompts, params, use_tqdm=True)
         if torch.cuda.is_available():
@@ -131,6 +133,8 @@ def _time_engine(llm, prompts, outs, temperature: float, label: str) -> tuple[fl
         f"{label}: {produced} tokens in {dt:.3f} s = {produced / dt:,.0f} tok/s "
         f"({llm.core.num_steps - steps0} steps)"
     )
+    if torch.cuda.is_available():
+        print(new_kernels.summary())
     return dt, produced
 
 

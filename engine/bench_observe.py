@@ -154,3 +154,45 @@ class Profile:
                 f"GPU kernels {gpu_us / 1e3:.1f} ms = {gpu_us / 1e3 / max(steps, 1):.3f} ms/step "
                 f"({gpu_us / 1e6 / wall:.0%} of wall)"
             )
+
+
+class NewKernels:
+    """Records the Triton kernel variants first met in this process while the block runs (each is
+    compiled, or loaded from Triton's disk cache: milliseconds to a second inside a timed run). A
+    benchmark's warm-up should leave none for its timed run."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.recording = False
+        self._runtime = self._previous = None
+
+    def __enter__(self) -> NewKernels:
+        try:
+            from triton import knobs
+        except ImportError:  # no triton, or one without knobs: nothing recorded
+            return self
+        runtime = knobs.runtime
+        previous = runtime.jit_cache_hook
+
+        def hook(*args, **kwargs):
+            self.names.append(getattr(kwargs.get("fn"), "name", "?"))
+            return previous(*args, **kwargs) if previous is not None else None
+
+        self._runtime, self._previous, self.recording = runtime, previous, True
+        runtime.jit_cache_hook = hook
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._runtime is not None:
+            self._runtime.jit_cache_hook = self._previous
+            self._runtime = None
+
+    def summary(self) -> str:
+        head = "Triton kernel variants first met during the timed run:"
+        if not self.recording:
+            return f"{head} not recorded (this Triton has no jit_cache_hook)"
+        counts: dict[str, int] = {}
+        for name in self.names:
+            counts[name] = counts.get(name, 0) + 1
+        listed = ", ".join(f"{n} x{c}" if c > 1 else n for n, c in sorted(counts.items()))
+        return f"{head} {len(self.names)}" + (f" ({listed})" if listed else "")
