@@ -6,18 +6,21 @@
     h2       = y + h;  qkv = rms_norm(h2) * w1' @ Wqkv'^T (+ b)   stage 4 (the next layer's input; optional)
 
 At batch 1 each projection is a weight stream of 4-12 MB that the H200 reads in 1-3 us; launched one by
-one, each also pays a kernel boundary and a chain of dependent memory round trips. Here one program per
-SM owns a contiguous slice of every stage's weight rows (ROWS_s = cdiv(N_s, programs) rows, whole rows)
-and holds each slice in registers: it asks for stage 1's and stage 2's slices at once at the start,
-and for stage s + 1's as soon as stage s begins, so DRAM streams the next weights while the current
-stage waits for its input, multiplies and stores. Between stages all programs meet at a grid-wide
-barrier (an arrival counter in global memory); a stage's input (a few KB written by every program) is
-then read once, whole rows, from L2.
+one, each also pays a kernel boundary and a chain of dependent memory round trips. Here each of a few
+programs per SM (TailConfig) owns a contiguous slice of every stage's weight rows (ROWS_s =
+cdiv(N_s, programs) whole rows) and holds each slice in registers: it asks for stage 1's and stage 2's
+slices at once at the start, and for stage s + 1's as soon as stage s begins, so DRAM streams the next
+weights while the current stage waits for its input, multiplies and stores. Between stages all
+programs meet at a grid-wide barrier (an arrival counter in global memory); a stage's input (a few KB
+written by every program) is then read once, whole rows, from L2.
 
-The barrier needs every program resident at once: the grid is at most one program per SM, launched
-cooperatively where Triton offers it. Outputs of a stage are read by other programs after the barrier,
-so those loads bypass L1 (".cg"). Rounding follows the unfused kernels (kernels.gemv with NORM or
-SILU_MUL): fp32 accumulation, each intermediate rounded to the activation dtype once.
+The barrier needs every program resident at once: programs per SM are lowered until the compiled
+kernel's registers allow that many side by side, and the grid is launched cooperatively where Triton
+offers it (a grid that cannot be resident is then refused, not left waiting). Every launch uses the
+same barrier counters, so launches run on one stream at a time (the engine's decode step). Outputs of
+a stage are read by other programs after the barrier, so those loads bypass L1 (".cg"). Rounding
+follows the unfused kernels (kernels.gemv with NORM or SILU_MUL): fp32 accumulation, each
+intermediate rounded to the activation dtype once.
 
 Triton's interpreter runs programs one after another, so no program could wait for another: on the CPU
 every stage is its own launch of the same kernel (FIRST == LAST), which tests the arithmetic; the GPU
