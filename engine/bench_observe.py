@@ -172,6 +172,8 @@ class NewKernels:
         except ImportError:  # no triton, or one without knobs: nothing recorded
             return self
         runtime = knobs.runtime
+        if not hasattr(runtime, "jit_cache_hook"):
+            return self
         previous = runtime.jit_cache_hook
 
         def hook(*args, **kwargs):
