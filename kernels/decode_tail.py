@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from kernels._jit import arrival_counters, is_interpreting, kernel, next_pow2
+from kernels.paged_attention import _decode_item
 from kernels.reference import TailWeights
 
 
@@ -136,6 +137,99 @@ def _project(w, x, b_ptr, y_ptr, M, pid, N: tl.constexpr, ROWS: tl.constexpr, HA
         tl.store(y_ptr + mi * N + rows, acc.to(y_ptr.dtype.element_ty), mask=live)
 
 
+@triton.jit
+def _tail(
+    pid,
+    a_ptr,  # (M, A) attention output, contiguous
+    res_ptr,  # (M, H) residual, contiguous
+    wo_ptr,
+    bo_ptr,
+    n2_ptr,
+    wgu_ptr,
+    bgu_ptr,
+    wd_ptr,
+    bd_ptr,
+    n1_ptr,
+    wq_ptr,
+    bq_ptr,  # TailWeights
+    o_ptr,  # (M, H) stage 1's output
+    h_ptr,  # (M, H) o + residual (the residual after attention), written by program 0
+    gu_ptr,  # (M, 2I)
+    y_ptr,  # (M, H) the MLP's output
+    h2_ptr,  # (M, H) y + h, written by program 0 (LAST == 4)
+    qkv_ptr,  # (M, NQ) the next layer's qkv (LAST == 4)
+    bar_ptr,  # (2,) int32 zeros: barrier arrivals and exits; left zeroed
+    M,
+    P,  # programs in the grid
+    eps2,
+    eps1,
+    H: tl.constexpr,
+    A: tl.constexpr,
+    INTER: tl.constexpr,
+    NQ: tl.constexpr,
+    FIRST: tl.constexpr,  # stages FIRST..LAST run in this launch (1..3 or 1..4 on a GPU)
+    LAST: tl.constexpr,
+    HAS_BO: tl.constexpr,
+    HAS_BGU: tl.constexpr,
+    HAS_BD: tl.constexpr,
+    HAS_BQ: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    R1: tl.constexpr,  # rows a program owns in each stage, and their power-of-two tile heights
+    R2: tl.constexpr,
+    R3: tl.constexpr,
+    R4: tl.constexpr,
+    BR1: tl.constexpr,
+    BR2: tl.constexpr,
+    BR3: tl.constexpr,
+    BR4: tl.constexpr,
+    BH: tl.constexpr,  # next_pow2 of H, A, I
+    BA: tl.constexpr,
+    BI: tl.constexpr,
+    ROUNDS: tl.constexpr,  # barrier rounds this launch counted before stage 1 (1 after attention)
+):
+    """Stages FIRST..LAST of the tail for program `pid` (see the module docstring)."""
+    # the weights of the first two stages of this launch are requested at once; each later stage's
+    # when the one before it starts
+    if FIRST <= 1:
+        w1 = _slice(wo_ptr, pid, H, A, R1, BR1, BA)
+    if FIRST <= 2 and LAST >= 2:
+        w2 = _slice(wgu_ptr, pid, 2 * INTER, H, R2, BR2, BH)
+    if ROUNDS > 0:  # the attention of this launch: wait for every program's output, weights requested
+        _grid_sync(bar_ptr, ROUNDS * P)
+    if FIRST <= 1:
+        x1 = _input(a_ptr, a_ptr, a_ptr, a_ptr, M, 0.0, pid, A, 0, BLOCK_M, BA)
+        _project(w1, x1, bo_ptr, o_ptr, M, pid, H, R1, HAS_BO, BLOCK_M, BR1)
+    if FIRST <= 2 and LAST >= 2:
+        if FIRST < 2:
+            _grid_sync(bar_ptr, (2 - FIRST + ROUNDS) * P)
+        if LAST >= 3:
+            w3 = _slice(wd_ptr, pid, H, INTER, R3, BR3, BI)
+        x2 = _input(o_ptr, res_ptr, n2_ptr, h_ptr, M, eps2, pid, H, 1, BLOCK_M, BH)
+        _project(w2, x2, bgu_ptr, gu_ptr, M, pid, 2 * INTER, R2, HAS_BGU, BLOCK_M, BR2)
+    if FIRST <= 3 and LAST >= 3:
+        if FIRST < 3:
+            _grid_sync(bar_ptr, (3 - FIRST + ROUNDS) * P)
+        else:
+            w3 = _slice(wd_ptr, pid, H, INTER, R3, BR3, BI)
+        if LAST >= 4:
+            w4 = _slice(wq_ptr, pid, NQ, H, R4, BR4, BH)
+        x3 = _input(gu_ptr, gu_ptr, gu_ptr, gu_ptr, M, 0.0, pid, INTER, 2, BLOCK_M, BI)
+        _project(w3, x3, bd_ptr, y_ptr, M, pid, H, R3, HAS_BD, BLOCK_M, BR3)
+    if LAST >= 4:
+        if FIRST < 4:
+            _grid_sync(bar_ptr, (4 - FIRST + ROUNDS) * P)
+        else:
+            w4 = _slice(wq_ptr, pid, NQ, H, R4, BR4, BH)
+        x4 = _input(y_ptr, h_ptr, n1_ptr, h2_ptr, M, eps1, pid, H, 1, BLOCK_M, BH)
+        _project(w4, x4, bq_ptr, qkv_ptr, M, pid, NQ, R4, HAS_BQ, BLOCK_M, BR4)
+    if FIRST < LAST or ROUNDS > 0:  # the last program out leaves the counters zeroed for the next launch
+        tl.debug_barrier()
+        done = tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu")
+        if done == P - 1:
+            tl.store(bar_ptr, 0)
+            tl.store(bar_ptr + 1, 0)
+
+
 @kernel
 def _decode_tail_kernel(
     a_ptr,  # (M, A) attention output, contiguous
@@ -155,7 +249,7 @@ def _decode_tail_kernel(
     gu_ptr,  # (M, 2I)
     y_ptr,  # (M, H) the MLP's output
     h2_ptr,  # (M, H) y + h, written by program 0 (LAST == 4)
-    q_ptr,  # (M, NQ) the next layer's qkv (LAST == 4)
+    qkv_ptr,  # (M, NQ) the next layer's qkv (LAST == 4)
     bar_ptr,  # (2,) int32 zeros: barrier arrivals and exits; left zeroed
     M,
     P,  # programs in the grid
@@ -184,45 +278,131 @@ def _decode_tail_kernel(
     BA: tl.constexpr,
     BI: tl.constexpr,
 ):
+    _tail(
+        tl.program_id(0), a_ptr, res_ptr, wo_ptr, bo_ptr, n2_ptr, wgu_ptr, bgu_ptr, wd_ptr, bd_ptr,
+        n1_ptr, wq_ptr, bq_ptr, o_ptr, h_ptr, gu_ptr, y_ptr, h2_ptr, qkv_ptr, bar_ptr, M, P, eps2, eps1,
+        H, A, INTER, NQ, FIRST, LAST, HAS_BO, HAS_BGU, HAS_BD, HAS_BQ, BLOCK_M, R1, R2, R3, R4, BR1,
+        BR2, BR3, BR4, BH, BA, BI, 0
+    )  # fmt: skip
+
+
+@kernel
+def _decode_layer_kernel(
+    # the decode attention's arguments (kernels.paged_attention._decode_kernel; its out_ptr is a_ptr)
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    alibi_ptr,
+    k_new_ptr,
+    v_new_ptr,
+    qw_ptr,
+    kw_ptr,
+    pos_ptr,
+    cs_ptr,
+    slot_ptr,
+    counter_ptr,
+    scale_log2,
+    stride_qb,
+    stride_qh,
+    stride_ob,
+    stride_oh,
+    stride_bt,
+    stride_kb,
+    stride_vb,
+    window,
+    eps,
+    ITEMS_B,  # sequences: the attention runs ITEMS_B x NUM_KV_HEADS x NUM_SPLITS programs' work
+    # the tail's (_decode_tail_kernel)
+    a_ptr,  # (M, A) attention output, contiguous
+    res_ptr,  # (M, H) residual, contiguous
+    wo_ptr,
+    bo_ptr,
+    n2_ptr,
+    wgu_ptr,
+    bgu_ptr,
+    wd_ptr,
+    bd_ptr,
+    n1_ptr,
+    wq_ptr,
+    bq_ptr,  # TailWeights
+    o_ptr,  # (M, H) stage 1's output
+    h_ptr,  # (M, H) o + residual (the residual after attention), written by program 0
+    gu_ptr,  # (M, 2I)
+    y_ptr,  # (M, H) the MLP's output
+    h2_ptr,  # (M, H) y + h, written by program 0 (LAST == 4)
+    qkv_ptr,  # (M, NQ) the next layer's qkv (LAST == 4)
+    bar_ptr,  # (2,) int32 zeros: barrier arrivals and exits; left zeroed
+    M,
+    P,  # programs in the grid
+    eps2,
+    eps1,
+    H: tl.constexpr,
+    A: tl.constexpr,
+    INTER: tl.constexpr,
+    NQ: tl.constexpr,
+    FIRST: tl.constexpr,  # stages FIRST..LAST run in this launch (1..3 or 1..4 on a GPU)
+    LAST: tl.constexpr,
+    HAS_BO: tl.constexpr,
+    HAS_BGU: tl.constexpr,
+    HAS_BD: tl.constexpr,
+    HAS_BQ: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    R1: tl.constexpr,  # rows a program owns in each stage, and their power-of-two tile heights
+    R2: tl.constexpr,
+    R3: tl.constexpr,
+    R4: tl.constexpr,
+    BR1: tl.constexpr,
+    BR2: tl.constexpr,
+    BR3: tl.constexpr,
+    BR4: tl.constexpr,
+    BH: tl.constexpr,  # next_pow2 of H, A, I
+    BA: tl.constexpr,
+    BI: tl.constexpr,
+    # the attention's constexprs
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    FUSE_QK: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    ONE_LOOP: tl.constexpr,
+):
+    """Decode attention (stage 0: its (sequence, KV head, split) programs' work spread over this grid)
+    and then the tail, one launch a layer; LAST == 0 runs the attention alone (the interpreter)."""
     pid = tl.program_id(0)
-    # the weights of the first two stages of this launch are requested at once; each later stage's
-    # when the one before it starts
-    if FIRST <= 1:
-        w1 = _slice(wo_ptr, pid, H, A, R1, BR1, BA)
-    if FIRST <= 2 and LAST >= 2:
-        w2 = _slice(wgu_ptr, pid, 2 * INTER, H, R2, BR2, BH)
-    if FIRST <= 1:
-        x1 = _input(a_ptr, a_ptr, a_ptr, a_ptr, M, 0.0, pid, A, 0, BLOCK_M, BA)
-        _project(w1, x1, bo_ptr, o_ptr, M, pid, H, R1, HAS_BO, BLOCK_M, BR1)
-    if FIRST <= 2 and LAST >= 2:
-        if FIRST < 2:
-            _grid_sync(bar_ptr, P)
-        if LAST >= 3:
-            w3 = _slice(wd_ptr, pid, H, INTER, R3, BR3, BI)
-        x2 = _input(o_ptr, res_ptr, n2_ptr, h_ptr, M, eps2, pid, H, 1, BLOCK_M, BH)
-        _project(w2, x2, bgu_ptr, gu_ptr, M, pid, 2 * INTER, R2, HAS_BGU, BLOCK_M, BR2)
-    if FIRST <= 3 and LAST >= 3:
-        if FIRST < 3:
-            _grid_sync(bar_ptr, (3 - FIRST) * P)
-        else:
-            w3 = _slice(wd_ptr, pid, H, INTER, R3, BR3, BI)
-        if LAST >= 4:
-            w4 = _slice(wq_ptr, pid, NQ, H, R4, BR4, BH)
-        x3 = _input(gu_ptr, gu_ptr, gu_ptr, gu_ptr, M, 0.0, pid, INTER, 2, BLOCK_M, BI)
-        _project(w3, x3, bd_ptr, y_ptr, M, pid, H, R3, HAS_BD, BLOCK_M, BR3)
-    if LAST >= 4:
-        if FIRST < 4:
-            _grid_sync(bar_ptr, (4 - FIRST) * P)
-        else:
-            w4 = _slice(wq_ptr, pid, NQ, H, R4, BR4, BH)
-        x4 = _input(y_ptr, h_ptr, n1_ptr, h2_ptr, M, eps1, pid, H, 1, BLOCK_M, BH)
-        _project(w4, x4, bq_ptr, q_ptr, M, pid, NQ, R4, HAS_BQ, BLOCK_M, BR4)
-    if FIRST < LAST:  # the last program out leaves the counters zeroed for the next launch
-        tl.debug_barrier()
-        done = tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu")
-        if done == P - 1:
-            tl.store(bar_ptr, 0)
-            tl.store(bar_ptr + 1, 0)
+    per_seq: tl.constexpr = NUM_KV_HEADS * NUM_SPLITS
+    for item in range(pid, ITEMS_B * per_seq, P):
+        b = tl.cast(item // per_seq, tl.int32)
+        kvh = tl.cast((item // NUM_SPLITS) % NUM_KV_HEADS, tl.int32)
+        split = tl.cast(item % NUM_SPLITS, tl.int32)
+        _decode_item(
+            b, kvh, split, q_ptr, k_cache_ptr, v_cache_ptr, a_ptr, part_out_ptr, part_lse_ptr,
+            block_tables_ptr, seq_lens_ptr, alibi_ptr, k_new_ptr, v_new_ptr, qw_ptr, kw_ptr,
+            pos_ptr, cs_ptr, slot_ptr, counter_ptr, scale_log2, stride_qb, stride_qh, stride_ob,
+            stride_oh, stride_bt, stride_kb, stride_vb, window, eps, NUM_KV_HEADS, GROUP, HEAD_DIM,
+            BLOCK_SIZE, BLOCK_G, BLOCK_N, BLOCK_D, NUM_SPLITS, BLOCK_S, HAS_WINDOW, HAS_ALIBI,
+            FUSE_QK, HAS_NORM, FUSED_REDUCE, DOT_PREC, ONE_LOOP
+        )  # fmt: skip
+    if LAST >= 1:
+        _tail(
+            pid, a_ptr, res_ptr, wo_ptr, bo_ptr, n2_ptr, wgu_ptr, bgu_ptr, wd_ptr, bd_ptr, n1_ptr,
+            wq_ptr, bq_ptr, o_ptr, h_ptr, gu_ptr, y_ptr, h2_ptr, qkv_ptr, bar_ptr, M, P, eps2, eps1,
+            H, A, INTER, NQ, FIRST, LAST, HAS_BO, HAS_BGU, HAS_BD, HAS_BQ, BLOCK_M, R1, R2, R3, R4,
+            BR1, BR2, BR3, BR4, BH, BA, BI, 1
+        )  # fmt: skip
 
 
 @functools.cache
@@ -275,6 +455,62 @@ def _weights_ok(w: TailWeights, dtype: torch.dtype) -> bool:
     return all(t is None or (t.dtype == dtype and t.is_contiguous()) for t in tensors)
 
 
+def _check_tail(a: torch.Tensor, residual: torch.Tensor, w: TailWeights) -> None:
+    m, a_width = a.shape
+    h_size, inter = w.o.shape[0], w.down.shape[1]
+    if not 1 <= m <= KERNEL_MAX_M:
+        raise ValueError(f"decode_layer_tail takes 1..{KERNEL_MAX_M} rows, got {m}")
+    if w.o.shape[1] != a_width or residual.shape != (m, h_size) or w.gate_up.shape != (2 * inter, h_size):
+        raise ValueError("decode_layer_tail: inconsistent shapes")
+    if w.down.shape[0] != h_size or (w.qkv_next is not None and w.qkv_next.shape[1] != h_size):
+        raise ValueError("decode_layer_tail: inconsistent shapes")
+    if not _weights_ok(w, a.dtype) or residual.dtype != a.dtype:
+        raise ValueError("decode_layer_tail: weights must be contiguous and of the activations' dtype")
+
+
+class _TailLaunch(NamedTuple):
+    launch: object  # TailConfig -> (programs, args, constexprs incl. LAST)
+    result: tuple[torch.Tensor, torch.Tensor]  # what the tail returns, once run
+    key: tuple  # what its compiled variant depends on
+
+
+def _tail_launch(a: torch.Tensor, residual: torch.Tensor, w: TailWeights, interp: bool) -> _TailLaunch:
+    """The tail's buffers and launch arguments for a (M, A) (contiguous) and residual (M, H)."""
+    m, a_width = a.shape
+    h_size, inter = w.o.shape[0], w.down.shape[1]
+    has_next = w.qkv_next is not None
+    nq = w.qkv_next.shape[0] if has_next else 1
+    new = lambda *shape: torch.empty(shape, dtype=a.dtype, device=a.device)
+    o, h, gu, y = new(m, h_size), new(m, h_size), new(m, 2 * inter), new(m, h_size)
+    h2, qkv = (new(m, h_size), new(m, nq)) if has_next else (y, y)
+    dummy = w.o
+    tensors = (
+        a, residual, w.o, w.o_bias if w.o_bias is not None else dummy, w.norm2, w.gate_up,
+        w.gate_up_bias if w.gate_up_bias is not None else dummy, w.down,
+        w.down_bias if w.down_bias is not None else dummy, w.norm1_next if has_next else dummy,
+        w.qkv_next if has_next else dummy, w.qkv_next_bias if w.qkv_next_bias is not None else dummy,
+        o, h, gu, y, h2, qkv, arrival_counters("decode_tail", 2, a.device),
+    )  # fmt: skip
+    flags = dict(
+        H=h_size, A=a_width, INTER=inter, NQ=nq, HAS_BO=w.o_bias is not None,
+        HAS_BGU=w.gate_up_bias is not None, HAS_BD=w.down_bias is not None,
+        HAS_BQ=w.qkv_next_bias is not None, BLOCK_M=next_pow2(m), BH=next_pow2(h_size),
+        BA=next_pow2(a_width), BI=next_pow2(inter), LAST=4 if has_next else 3, num_stages=1,
+    )  # fmt: skip
+
+    def launch(c: TailConfig):
+        programs, slices = _plan(h_size, a_width, inter, nq, c, a.device, interp)
+        (r1, br1), (r2, br2), (r3, br3), (r4, br4) = slices
+        tiles = dict(R1=r1, R2=r2, R3=r3, R4=r4, BR1=br1, BR2=br2, BR3=br3, BR4=br4, num_warps=c.num_warps)
+        return programs, (*tensors, m, programs, w.eps2, w.eps1_next), flags | tiles
+
+    return _TailLaunch(launch, (qkv, h2) if has_next else (y, h), tuple(flags.items()))
+
+
+def _cooperative() -> dict:
+    return {"launch_cooperative_grid": True} if COOPERATIVE and _cooperative_supported() else {}
+
+
 def decode_layer_tail(
     a: torch.Tensor,  # (M, A): the attention output, M <= KERNEL_MAX_M
     residual: torch.Tensor,  # (M, H)
@@ -283,67 +519,84 @@ def decode_layer_tail(
     fused: bool | None = None,  # one launch with grid barriers (default: on CUDA)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (qkv of the next layer (M, NQ) or y (M, H), new residual)
     """reference.decode_layer_tail in one launch (CUDA) or one launch per stage (the interpreter)."""
-    m, a_width = a.shape
-    h_size = w.o.shape[0]
-    inter = w.down.shape[1]
-    has_next = w.qkv_next is not None
-    nq = w.qkv_next.shape[0] if has_next else 1
-    if not 1 <= m <= KERNEL_MAX_M:
-        raise ValueError(f"decode_layer_tail takes 1..{KERNEL_MAX_M} rows, got {m}")
-    if w.o.shape[1] != a_width or residual.shape != (m, h_size) or w.gate_up.shape != (2 * inter, h_size):
-        raise ValueError("decode_layer_tail: inconsistent shapes")
-    if w.down.shape[0] != h_size or (has_next and w.qkv_next.shape[1] != h_size):
-        raise ValueError("decode_layer_tail: inconsistent shapes")
-    if not _weights_ok(w, a.dtype) or residual.dtype != a.dtype:
-        raise ValueError("decode_layer_tail: weights must be contiguous and of the activations' dtype")
+    _check_tail(a, residual, w)
     a, residual = a.contiguous(), residual.contiguous()
     interp = is_interpreting(a)
     cfg = config or (INTERPRET_CONFIG if interp else DEFAULT_CONFIG)
     fused = (not interp) if fused is None else fused
     if fused and interp:
         raise ValueError("the interpreter runs programs one by one: no grid barrier (fused=False)")
-    if fused and m > MAX_M:
-        raise ValueError(f"the one-launch tail is sized for {MAX_M} row(s), got {m} (fused=False)")
-    last = 4 if has_next else 3
-    new = lambda *shape: torch.empty(shape, dtype=a.dtype, device=a.device)
-    o, h, gu, y = new(m, h_size), new(m, h_size), new(m, 2 * inter), new(m, h_size)
-    h2, qkv = (new(m, h_size), new(m, nq)) if has_next else (y, y)
-    bar = arrival_counters("decode_tail", 2, a.device)
-    dummy = w.o
-    tensors = (
-        a, residual, w.o, w.o_bias if w.o_bias is not None else dummy, w.norm2, w.gate_up,
-        w.gate_up_bias if w.gate_up_bias is not None else dummy, w.down,
-        w.down_bias if w.down_bias is not None else dummy, w.norm1_next if has_next else dummy,
-        w.qkv_next if has_next else dummy, w.qkv_next_bias if w.qkv_next_bias is not None else dummy,
-        o, h, gu, y, h2, qkv, bar,
-    )  # fmt: skip
-    flags = dict(
-        H=h_size, A=a_width, INTER=inter, NQ=nq, HAS_BO=w.o_bias is not None,
-        HAS_BGU=w.gate_up_bias is not None, HAS_BD=w.down_bias is not None,
-        HAS_BQ=w.qkv_next_bias is not None, BLOCK_M=next_pow2(m), BH=next_pow2(h_size),
-        BA=next_pow2(a_width), BI=next_pow2(inter), num_warps=cfg.num_warps, num_stages=1,
-    )  # fmt: skip
+    if fused and a.shape[0] > MAX_M:
+        raise ValueError(f"the one-launch tail is sized for {MAX_M} row(s), got {a.shape[0]} (fused=False)")
+    tail = _tail_launch(a, residual, w, interp)
+    if not fused:
+        programs, args, consts = tail.launch(cfg)
+        for stage in range(1, consts.pop("LAST") + 1):
+            _decode_tail_kernel[(programs,)](*args, FIRST=stage, LAST=stage, **consts)
+        return tail.result
+    extra = _cooperative()
+    if a.device.type == "cuda":  # as many programs per SM as stay resident together (the barriers)
+        cfg = _resident(
+            _decode_tail_kernel, (a.device.index, a.dtype, cfg, tail.key), cfg, tail.launch, extra
+        )
+    programs, args, consts = tail.launch(cfg)
+    _decode_tail_kernel[(programs,)](*args, FIRST=1, **consts, **extra)
+    return tail.result
 
-    def launch_args(c: TailConfig):
-        programs, slices = _plan(h_size, a_width, inter, nq, c, a.device, interp)
-        (r1, br1), (r2, br2), (r3, br3), (r4, br4) = slices
-        tiles = dict(R1=r1, R2=r2, R3=r3, R4=r4, BR1=br1, BR2=br2, BR3=br3, BR4=br4)
-        return programs, (*tensors, m, programs, w.eps2, w.eps1_next), flags | tiles
+
+def decode_layer(
+    q: torch.Tensor,  # (1, num_heads, head_dim): the new token's raw q (a view of the qkv output)
+    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # (1, max_blocks) int32
+    seq_lens: torch.Tensor,  # (1,) int32, incl. the new token
+    scale: float,
+    new_token,  # kernels.paged_attention.NewTokenQK: raw k, v, q/k norm weights, positions, cos_sin, slots
+    residual: torch.Tensor,  # (1, H)
+    w: TailWeights,
+    sliding_window: int | None = None,
+    max_seq_len: int | None = None,
+    config: TailConfig | None = None,
+    fused: bool | None = None,  # one launch (default: on CUDA)
+) -> tuple[torch.Tensor, torch.Tensor]:  # as decode_layer_tail
+    """A whole decode layer from its qkv: the fused decode attention (q/k norm, RoPE, K/V store,
+    split-K with the in-kernel merge) as stage 0, its programs' work spread over this grid, then the
+    tail, in one launch with a barrier after the attention. The interpreter runs the attention as one
+    launch of the same kernel, then the tail's stages one by one. Same results as
+    paged_decode_attention(..., new_token=...) followed by decode_layer_tail."""
+    from kernels.paged_attention import decode_launch
+
+    att = decode_launch(q, k_cache, v_cache, block_tables, seq_lens, scale, new_token, sliding_window,
+                        max_seq_len)  # fmt: skip
+    a = att.out.view(q.shape[0], -1)
+    _check_tail(a, residual, w)
+    residual = residual.contiguous()
+    interp = is_interpreting(a)
+    cfg = config or (INTERPRET_CONFIG if interp else DEFAULT_CONFIG)
+    fused = (not interp) if fused is None else fused
+    if fused and interp:
+        raise ValueError("the interpreter runs programs one by one: no grid barrier (fused=False)")
+    if fused and a.shape[0] > MAX_M:
+        raise ValueError(f"the one-launch layer is sized for {MAX_M} row(s), got {a.shape[0]}")
+    tail = _tail_launch(a, residual, w, interp)
+    attn_args = att.args[:3] + att.args[4:]  # without out_ptr: the kernel writes the tail's input a
+    items_b = att.items[0]
+
+    def launch(c: TailConfig):
+        programs, args, consts = tail.launch(c)
+        return programs, (*attn_args, items_b, *args), att.consts | consts
 
     if not fused:
-        programs, args, consts = launch_args(cfg)
-        for stage in range(1, last + 1):
-            _decode_tail_kernel[(programs,)](*args, FIRST=stage, LAST=stage, **consts)
-        return (qkv, h2) if has_next else (y, h)
-    extra = {"launch_cooperative_grid": True} if COOPERATIVE and _cooperative_supported() else {}
-    if a.device.type == "cuda":  # as many programs per SM as stay resident together (the barriers)
-        key = (a.device.index, a.dtype, cfg, tuple(flags.items()), last)
-        if key not in _RESIDENT:
-            _RESIDENT[key] = _resident_config(cfg, lambda c: launch_args(c), last, extra)
-        cfg = _RESIDENT[key]
-    programs, args, consts = launch_args(cfg)
-    _decode_tail_kernel[(programs,)](*args, FIRST=1, LAST=last, **consts, **extra)
-    return (qkv, h2) if has_next else (y, h)
+        programs, args, consts = launch(cfg)
+        _decode_layer_kernel[(programs,)](*args, **(consts | {"LAST": 0}), FIRST=1)
+        return decode_layer_tail(a, residual, w, config, fused=False)
+    extra = _cooperative()
+    if a.device.type == "cuda":
+        key = (a.device.index, a.dtype, cfg, tail.key, tuple(att.consts.items()))
+        cfg = _resident(_decode_layer_kernel, key, cfg, launch, extra)
+    programs, args, consts = launch(cfg)
+    _decode_layer_kernel[(programs,)](*args, FIRST=1, **consts, **extra)
+    return tail.result
 
 
 _RESIDENT: dict[tuple, TailConfig] = {}
@@ -351,13 +604,16 @@ REGISTERS_PER_SM = 65536
 THREADS_PER_SM = 2048
 
 
-def _resident_config(cfg: TailConfig, launch_args, last: int, extra: dict) -> TailConfig:
+def _resident(kern, key: tuple, cfg: TailConfig, launch, extra: dict) -> TailConfig:
     """cfg with programs_per_sm lowered until the compiled kernel's registers, threads and shared memory
     let that many programs share an SM (a cooperative launch refuses a grid that is not resident)."""
+    if key in _RESIDENT:
+        return _RESIDENT[key]
+    chosen = cfg._replace(programs_per_sm=1)
     for pps in range(cfg.programs_per_sm, 0, -1):
         c = cfg._replace(programs_per_sm=pps)
-        programs, args, consts = launch_args(c)
-        compiled = _decode_tail_kernel.warmup((programs,), *args, FIRST=1, LAST=last, **consts, **extra)
+        programs, args, consts = launch(c)
+        compiled = kern.warmup((programs,), *args, FIRST=1, **consts, **extra)
         compiled._init_handles()
         warps = compiled.metadata.num_warps
         per_warp = -(-compiled.n_regs * 32 // 256) * 256  # registers are allocated per warp, by 256
@@ -367,5 +623,7 @@ def _resident_config(cfg: TailConfig, launch_args, last: int, extra: dict) -> Ta
         if compiled.metadata.shared:
             fit = min(fit, smem // (compiled.metadata.shared + 1024))
         if fit >= pps:
-            return c
-    return cfg._replace(programs_per_sm=1)
+            chosen = c
+            break
+    _RESIDENT[key] = chosen
+    return chosen

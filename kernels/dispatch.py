@@ -329,6 +329,54 @@ def decode_layer_tail(
     return add_rms_norm_linear(y, residual, w.norm1_next, w.eps1_next, w.qkv_next, w.qkv_next_bias)
 
 
+DECODE_LAYER = False  # prepared, not yet measured on a GPU: decode attention + the tail in one launch
+
+
+def decode_layer(
+    qkv: torch.Tensor,  # (1, (num_heads + 2 * num_kv_heads) * head_dim): this layer's projected input
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+    positions: torch.Tensor,  # (1,)
+    cos_sin: torch.Tensor,  # (max_positions, head_dim) float32
+    kv_cache: tuple[torch.Tensor, torch.Tensor],
+    slot_mapping: torch.Tensor,  # (1,)
+    block_tables: torch.Tensor,  # (1, max_blocks) int32
+    seq_lens: torch.Tensor,  # (1,) int32
+    max_seq_len: int | None,
+    scale: float,
+    sliding_window: int | None,
+    residual: torch.Tensor,  # (1, hidden)
+    w: ref.TailWeights,
+) -> tuple[torch.Tensor, torch.Tensor] | None:  # as decode_layer_tail; None: not taken here
+    """A whole decode layer at batch 1 from its qkv in one launch (kernels.decode_tail.decode_layer:
+    the fused decode attention as stage 0 of the tail's kernel) when DECODE_LAYER is on and it applies;
+    None otherwise, and the caller runs the attention and decode_layer_tail."""
+    if not (DECODE_LAYER and DECODE_TAIL and use_triton(qkv) and qkv.dim() == 2 and qkv.shape[0] == 1):
+        return None
+    from kernels import decode_tail
+    from kernels.paged_attention import NewTokenQK
+
+    weights = _qk_norm_weights(qkv, q_norm_weight, k_norm_weight)
+    if weights is None or weights[0] is None or residual.dtype != qkv.dtype:
+        return None
+    if not decode_tail.fits(1, qkv.dtype, w, qkv.device):
+        return None
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    new = NewTokenQK(
+        k.view(1, num_kv_heads, head_dim), v.view(1, num_kv_heads, head_dim), weights[0], weights[1], eps,
+        positions, cos_sin.contiguous(), slot_mapping,
+    )  # fmt: skip
+    return decode_tail.decode_layer(
+        q.view(1, num_heads, head_dim), kv_cache[0], kv_cache[1], block_tables, seq_lens, scale, new,
+        residual, w, sliding_window, max_seq_len,
+    )  # fmt: skip
+
+
 def sample_tokens(
     logits: torch.Tensor,  # (batch, vocab)
     temperatures: torch.Tensor,  # (batch,) float32; 0 = greedy

@@ -180,8 +180,11 @@ def _prefill_kernel(
         tl.store(part_lse_ptr + row, lse, mask=m_mask)
 
 
-@kernel
-def _decode_kernel(
+@triton.jit
+def _decode_item(
+    b,  # sequence
+    kvh,  # KV head
+    split,  # key range
     q_ptr,  # (batch, num_heads, head_dim), last dim contiguous
     k_cache_ptr,  # (num_blocks * block_size, num_kv_heads, head_dim) contiguous
     v_cache_ptr,
@@ -226,9 +229,8 @@ def _decode_kernel(
     DOT_PREC: tl.constexpr,
     ONE_LOOP: tl.constexpr,  # every tile through one masked loop (DECODE_ONE_LOOP)
 ):
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
+    """One (sequence, KV head, split) of the decode kernel; also run as stage 0 of
+    kernels.decode_tail's layer kernel."""
     ctx = tl.load(seq_lens_ptr + b)
     lo = 0
     if HAS_WINDOW:
@@ -338,6 +340,62 @@ def _decode_kernel(
                         part_out_ptr, part_lse_ptr, out_ptr, b.to(tl.int64), kvh * GROUP + gi, stride_ob,
                         stride_oh, NUM_KV_HEADS * GROUP, HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D,
                     )  # fmt: skip
+
+
+@kernel
+def _decode_kernel(
+    q_ptr,  # (batch, num_heads, head_dim), last dim contiguous
+    k_cache_ptr,  # (num_blocks * block_size, num_kv_heads, head_dim) contiguous
+    v_cache_ptr,
+    out_ptr,  # (batch, num_heads, head_dim) last dim contiguous; written only if NUM_SPLITS == 1
+    part_out_ptr,  # (batch, num_heads, NUM_SPLITS, head_dim) float32, normalized per split
+    part_lse_ptr,  # (batch, num_heads, NUM_SPLITS) float32, log2-sum-exp2 of the split's scores
+    block_tables_ptr,  # (batch, max_blocks) int32
+    seq_lens_ptr,  # (batch,) int32
+    alibi_ptr,  # (num_heads,) float32
+    k_new_ptr,  # FUSE_QK: (batch, num_kv_heads, head_dim) the new token's raw k, last dim contiguous
+    v_new_ptr,  # FUSE_QK: (batch, num_kv_heads, head_dim) its v
+    qw_ptr,  # FUSE_QK and HAS_NORM: (head_dim,) q norm weight
+    kw_ptr,  # (head_dim,) k norm weight
+    pos_ptr,  # FUSE_QK: (batch,) int positions
+    cs_ptr,  # FUSE_QK: (max_positions, head_dim) float32 [cos | sin]
+    slot_ptr,  # FUSE_QK: (batch,) int cache slots; < 0 = padding
+    counter_ptr,  # FUSED_REDUCE: (batch * num_kv_heads,) int32 zeros, left zeroed
+    scale_log2,
+    stride_qb,
+    stride_qh,
+    stride_ob,
+    stride_oh,
+    stride_bt,
+    stride_kb,
+    stride_vb,
+    window,
+    eps,
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_G: tl.constexpr,  # >= GROUP (and >= 16 for tl.dot): the query heads of one KV head
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # >= NUM_SPLITS
+    HAS_WINDOW: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    FUSE_QK: tl.constexpr,  # q/k norm + RoPE + K/V store of the new token first (qk_norm_rope_store_kv)
+    HAS_NORM: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr,  # the last split of each (sequence, KV head) to finish merges them all
+    DOT_PREC: tl.constexpr,
+    ONE_LOOP: tl.constexpr,  # every tile through one masked loop (DECODE_ONE_LOOP)
+):
+    _decode_item(
+        tl.program_id(0), tl.program_id(1), tl.program_id(2), q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
+        part_out_ptr, part_lse_ptr, block_tables_ptr, seq_lens_ptr, alibi_ptr, k_new_ptr, v_new_ptr,
+        qw_ptr, kw_ptr, pos_ptr, cs_ptr, slot_ptr, counter_ptr, scale_log2, stride_qb, stride_qh,
+        stride_ob, stride_oh, stride_bt, stride_kb, stride_vb, window, eps, NUM_KV_HEADS, GROUP,
+        HEAD_DIM, BLOCK_SIZE, BLOCK_G, BLOCK_N, BLOCK_D, NUM_SPLITS, BLOCK_S, HAS_WINDOW, HAS_ALIBI,
+        FUSE_QK, HAS_NORM, FUSED_REDUCE, DOT_PREC, ONE_LOOP,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -633,7 +691,6 @@ def paged_decode_attention(
         _check_new_token(q, new_token, hk)
     if b == 0:
         return out
-    group = h // hk
     if num_splits is None:
         bound = max_seq_len if max_seq_len is not None else block_tables.shape[1] * bs
         num_splits = choose_num_splits(b, hk, bound, _sm_count(q.device))
@@ -650,22 +707,11 @@ def paged_decode_attention(
         part_lse = torch.empty((b, h, num_splits), dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out
-    nt = new_token
-    has_norm = nt is not None and nt.q_norm_weight is not None
-    _decode_kernel[(b, hk, num_splits)](
-        q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens, _alibi(alibi_slopes, h, q),
-        nt.k if nt else q, nt.v if nt else q, nt.q_norm_weight if has_norm else q,
-        nt.k_norm_weight if has_norm else q, nt.positions if nt else seq_lens, nt.cos_sin if nt else q,
-        nt.slot_mapping if nt else seq_lens, _counters(q.device) if fused_reduce else seq_lens,
-        scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        nt.k.stride(0) if nt else 0, nt.v.stride(0) if nt else 0, _window(sliding_window),
-        nt.eps if nt else 0.0,
-        NUM_KV_HEADS=hk, GROUP=group, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_G=max(16, next_pow2(group)),
-        BLOCK_N=block_n, BLOCK_D=next_pow2(d), NUM_SPLITS=num_splits, BLOCK_S=next_pow2(num_splits),
-        HAS_WINDOW=sliding_window is not None, HAS_ALIBI=alibi_slopes is not None,
-        FUSE_QK=nt is not None, HAS_NORM=has_norm, FUSED_REDUCE=fused_reduce,
-        DOT_PREC=_dot_precision(q.dtype), ONE_LOOP=DECODE_ONE_LOOP, num_warps=warps, num_stages=stages,
+    args, consts = _decode_args(
+        q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, alibi_slopes, out, part_out,
+        part_lse, new_token, num_splits, fused_reduce, block_n,
     )  # fmt: skip
+    _decode_kernel[(b, hk, num_splits)](*args, **consts, num_warps=warps, num_stages=stages)
     if num_splits > 1 and not fused_reduce:
         _decode_reduce_kernel[(b, h)](
             part_out, part_lse, out, out.stride(0), out.stride(1),
@@ -673,6 +719,83 @@ def paged_decode_attention(
             BLOCK_D=next_pow2(d), num_warps=4,
         )  # fmt: skip
     return out
+
+
+class DecodeLaunch(NamedTuple):
+    """What one decode-attention launch needs besides its grid (for kernels that run its programs)."""
+
+    args: tuple
+    consts: dict
+    items: tuple[int, int, int]  # (batch, num_kv_heads, num_splits): the (b, kvh, split) programs
+    out: torch.Tensor  # (batch, num_heads, head_dim), written once every program has run
+
+
+def _decode_args(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, alibi_slopes, out,
+                 part_out, part_lse, nt, num_splits, fused_reduce, block_n):  # fmt: skip
+    """_decode_kernel's arguments (and constexprs) for a validated launch."""
+    b, h, d = q.shape
+    _, bs, hk, _ = k_cache.shape
+    group = h // hk
+    has_norm = nt is not None and nt.q_norm_weight is not None
+    args = (
+        q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens, _alibi(alibi_slopes, h, q),
+        nt.k if nt else q, nt.v if nt else q, nt.q_norm_weight if has_norm else q,
+        nt.k_norm_weight if has_norm else q, nt.positions if nt else seq_lens, nt.cos_sin if nt else q,
+        nt.slot_mapping if nt else seq_lens, _counters(q.device) if fused_reduce else seq_lens,
+        scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        nt.k.stride(0) if nt else 0, nt.v.stride(0) if nt else 0, _window(sliding_window),
+        nt.eps if nt else 0.0,
+    )  # fmt: skip
+    consts = dict(
+        NUM_KV_HEADS=hk, GROUP=group, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_G=max(16, next_pow2(group)),
+        BLOCK_N=block_n, BLOCK_D=next_pow2(d), NUM_SPLITS=num_splits, BLOCK_S=next_pow2(num_splits),
+        HAS_WINDOW=sliding_window is not None, HAS_ALIBI=alibi_slopes is not None,
+        FUSE_QK=nt is not None, HAS_NORM=has_norm, FUSED_REDUCE=fused_reduce,
+        DOT_PREC=_dot_precision(q.dtype), ONE_LOOP=DECODE_ONE_LOOP,
+    )  # fmt: skip
+    return args, consts
+
+
+def decode_launch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    new_token: NewTokenQK,
+    sliding_window: int | None = None,
+    max_seq_len: int | None = None,
+) -> DecodeLaunch:
+    """The fused decode launch (q/k norm, RoPE, K/V store, attention, in-kernel split merge) as
+    paged_decode_attention would run it, for a kernel that runs those programs itself (kernels.decode_tail's
+    layer kernel). Always merges its splits in-kernel; the caller supplies the tile size via consts."""
+    if q.dim() != 3:
+        raise ValueError(f"q must be (batch, num_heads, head_dim), got {tuple(q.shape)}")
+    _check_cache(q, k_cache, v_cache, block_tables)
+    b, h, d = q.shape
+    _, bs, hk, _ = k_cache.shape
+    if block_tables.shape[0] != b or seq_lens.shape != (b,) or seq_lens.dtype != torch.int32:
+        raise ValueError("block_tables must have batch rows and seq_lens be (batch,) int32")
+    _check_new_token(q, new_token, hk)
+    bound = max_seq_len if max_seq_len is not None else block_tables.shape[1] * bs
+    num_splits = choose_num_splits(b, hk, bound, _sm_count(q.device))
+    if b * hk > _MAX_COUNTERS:
+        raise ValueError(f"at most {_MAX_COUNTERS} (sequence, KV head) pairs")
+    out = torch.empty((b, h, d), dtype=q.dtype, device=q.device)
+    if num_splits > 1:
+        part_out = torch.empty((b, h, num_splits, d), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((b, h, num_splits), dtype=torch.float32, device=q.device)
+    else:
+        part_out = part_lse = out
+    key = _config_key(q)
+    if key == "16bit" and b * hk >= _sm_count(q.device):
+        key = "16bit_wide"
+    args, consts = _decode_args(
+        q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, None, out, part_out, part_lse,
+        new_token, num_splits, num_splits > 1, DECODE_CONFIGS[key][0],
+    )  # fmt: skip
+    return DecodeLaunch(args, consts, (b, hk, num_splits), out)
 
 
 def _check_new_token(q: torch.Tensor, nt: NewTokenQK, hk: int) -> None:

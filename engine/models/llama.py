@@ -156,8 +156,19 @@ class DecoderLayer(nn.Module):
         Each (residual add +) RMSNorm runs inside the projection that reads it, and at decode batch 1 the
         whole tail from o_proj to the next layer's qkv is one launch (ops.decode_layer_tail)."""
         attn = self.self_attn
+        tail = self.tail_weights(next_layer)
+        if meta.prefill_block_tables is None:  # decode only: maybe the whole layer in one launch
+            done = ops.decode_layer(
+                qkv, attn.num_heads, attn.num_kv_heads, attn.head_dim,
+                attn.q_norm.weight if attn.qk_norm else None, attn.k_norm.weight if attn.qk_norm else None,
+                attn.q_norm.eps if attn.qk_norm else 0.0, positions, cos_sin, kv_cache, meta.slot_mapping,
+                meta.decode_block_tables, meta.decode_seq_lens, meta.decode_max_seq_len or None, attn.scale,
+                attn.sliding_window, residual, tail,
+            )  # fmt: skip
+            if done is not None:
+                return done
         a = attn.attend(qkv, positions, cos_sin, kv_cache, meta)  # (num_tokens, q_size)
-        return ops.decode_layer_tail(a, residual, self.tail_weights(next_layer))
+        return ops.decode_layer_tail(a, residual, tail)
 
 
 class LlamaForCausalLM(nn.Module):
