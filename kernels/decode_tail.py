@@ -511,6 +511,18 @@ def _cooperative() -> dict:
     return {"launch_cooperative_grid": True} if COOPERATIVE and _cooperative_supported() else {}
 
 
+def _mode(a: torch.Tensor, config: TailConfig | None, fused: bool | None, what: str):
+    """(interpreting, config, one launch or staged): one launch by default on CUDA, never in the
+    interpreter (its programs run one by one and could not wait for each other)."""
+    interp = is_interpreting(a)
+    fused = (not interp) if fused is None else fused
+    if fused and interp:
+        raise ValueError("the interpreter runs programs one by one: no grid barrier (fused=False)")
+    if fused and a.shape[0] > MAX_M:
+        raise ValueError(f"the one-launch {what} is sized for {MAX_M} row(s), got {a.shape[0]} (fused=False)")
+    return interp, config or (INTERPRET_CONFIG if interp else DEFAULT_CONFIG), fused
+
+
 def decode_layer_tail(
     a: torch.Tensor,  # (M, A): the attention output, M <= KERNEL_MAX_M
     residual: torch.Tensor,  # (M, H)
@@ -521,13 +533,7 @@ def decode_layer_tail(
     """reference.decode_layer_tail in one launch (CUDA) or one launch per stage (the interpreter)."""
     _check_tail(a, residual, w)
     a, residual = a.contiguous(), residual.contiguous()
-    interp = is_interpreting(a)
-    cfg = config or (INTERPRET_CONFIG if interp else DEFAULT_CONFIG)
-    fused = (not interp) if fused is None else fused
-    if fused and interp:
-        raise ValueError("the interpreter runs programs one by one: no grid barrier (fused=False)")
-    if fused and a.shape[0] > MAX_M:
-        raise ValueError(f"the one-launch tail is sized for {MAX_M} row(s), got {a.shape[0]} (fused=False)")
+    interp, cfg, fused = _mode(a, config, fused, "tail")
     tail = _tail_launch(a, residual, w, interp)
     if not fused:
         programs, args, consts = tail.launch(cfg)
@@ -571,13 +577,7 @@ def decode_layer(
     a = att.out.view(q.shape[0], -1)
     _check_tail(a, residual, w)
     residual = residual.contiguous()
-    interp = is_interpreting(a)
-    cfg = config or (INTERPRET_CONFIG if interp else DEFAULT_CONFIG)
-    fused = (not interp) if fused is None else fused
-    if fused and interp:
-        raise ValueError("the interpreter runs programs one by one: no grid barrier (fused=False)")
-    if fused and a.shape[0] > MAX_M:
-        raise ValueError(f"the one-launch layer is sized for {MAX_M} row(s), got {a.shape[0]}")
+    interp, cfg, fused = _mode(a, config, fused, "layer")
     tail = _tail_launch(a, residual, w, interp)
     attn_args = att.args[:3] + att.args[4:]  # without out_ptr: the kernel writes the tail's input a
     items_b = att.items[0]
