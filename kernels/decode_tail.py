@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from kernels._jit import arrival_counters, is_interpreting, kernel, next_pow2
-from kernels.paged_attention import _decode_item
+from kernels.paged_attention import _decode_item, _sm_count
 from kernels.reference import TailWeights
 
 
@@ -133,7 +133,7 @@ def _project(w, x, b_ptr, y_ptr, M, pid, N: tl.constexpr, ROWS: tl.constexpr, HA
         else:  # row mi of x (a sum with one nonzero term: exact)
             xv = tl.sum(tl.where((rm == mi)[:, None], x.to(tl.float32), 0.0), axis=0)
         acc = tl.sum(wf * xv[None, :], axis=1) + bias  # (BLOCK_R,)
-        live = (r < tl.where(mi < M, ROWS, 0)) & (rows < N)  # (no scalar & block: the interpreter)
+        live = rmask & (r < tl.where(mi < M, ROWS, 0))  # (no scalar & block: the interpreter)
         tl.store(y_ptr + mi * N + rows, acc.to(y_ptr.dtype.element_ty), mask=live)
 
 
@@ -405,11 +405,6 @@ def _decode_layer_kernel(
         )  # fmt: skip
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 COOPERATIVE = True  # launch the fused grid cooperatively where this Triton can (residency guaranteed)
 
 
@@ -428,7 +423,7 @@ MAX_PER_THREAD = 128  # weight elements (x BLOCK_M) a thread holds for one stage
 def _plan(h: int, a: int, inter: int, nq: int, cfg: TailConfig, device: torch.device, interpreting: bool):
     """(programs, [(rows, tile height)] per stage): every program owns `rows` whole rows of each weight."""
     # no GPU: one SM in the interpreter, the H200's 132 to compile its kernel on a machine without one
-    sms = _sm_count(device.index or 0) if device.type == "cuda" else (1 if interpreting else 132)
+    sms = _sm_count(device) if device.type == "cuda" else (1 if interpreting else 132)
     programs = sms * cfg.programs_per_sm
     slices = []
     for n in (h, 2 * inter, h, nq):
@@ -572,8 +567,12 @@ def decode_layer(
     paged_decode_attention(..., new_token=...) followed by decode_layer_tail."""
     from kernels.paged_attention import decode_launch
 
-    att = decode_launch(q, k_cache, v_cache, block_tables, seq_lens, scale, new_token, sliding_window,
-                        max_seq_len)  # fmt: skip
+    if new_token is None:
+        raise ValueError("decode_layer needs the new token's k/v (new_token)")
+    att = decode_launch(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window,
+                        max_seq_len=max_seq_len, new_token=new_token)  # fmt: skip
+    if att.partials is not None:  # more (sequence, KV head) pairs than the in-kernel merge counts
+        raise ValueError("decode_layer merges the attention's splits in-kernel only")
     a = att.out.view(q.shape[0], -1)
     _check_tail(a, residual, w)
     residual = residual.contiguous()

@@ -319,9 +319,7 @@ def decode_layer_tail(
 
         if decode_tail.fits(a.shape[0], a.dtype, w, a.device) and residual.dtype == a.dtype:
             return decode_tail.decode_layer_tail(a, residual, w)
-    if not use_triton(a):
-        return ref.decode_layer_tail(a, residual, w)
-    o = linear(a, w.o, w.o_bias)
+    o = linear(a, w.o, w.o_bias)  # (the references on the CPU: reference.decode_layer_tail's steps)
     gate_up, residual = add_rms_norm_linear(o, residual, w.norm2, w.eps2, w.gate_up, w.gate_up_bias)
     y = silu_and_mul_linear(gate_up, w.down, w.down_bias)
     if w.qkv_next is None:

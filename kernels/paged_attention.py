@@ -676,6 +676,57 @@ def paged_decode_attention(
     choice), else from the block table's capacity (max_blocks * block_size). Any seq_lens value is
     handled correctly whatever the split count. A sequence with seq_len 0 (graph padding) gets zeros.
     """
+    launch = decode_launch(
+        q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, alibi_slopes, out, max_seq_len,
+        num_splits, new_token, fused_reduce,
+    )  # fmt: skip
+    b, hk, num_splits = launch.items
+    if b == 0:
+        return launch.out
+    _decode_kernel[launch.items](
+        *launch.args, **launch.consts, num_warps=launch.warps, num_stages=launch.stages
+    )
+    if launch.partials is not None:  # the splits merged by a second launch
+        out, (part_out, part_lse) = launch.out, launch.partials
+        h, d = q.shape[1:]
+        _decode_reduce_kernel[(b, h)](
+            part_out, part_lse, out, out.stride(0), out.stride(1),
+            NUM_HEADS=h, HEAD_DIM=d, NUM_SPLITS=num_splits, BLOCK_S=next_pow2(num_splits),
+            BLOCK_D=next_pow2(d), num_warps=4,
+        )  # fmt: skip
+    return launch.out
+
+
+class DecodeLaunch(NamedTuple):
+    """One decode-attention launch, validated and with its buffers: what _decode_kernel takes (or a
+    kernel that runs its programs itself, kernels.decode_tail's layer kernel)."""
+
+    args: tuple
+    consts: dict
+    items: tuple[int, int, int]  # the grid: (batch, num_kv_heads, num_splits) programs
+    out: torch.Tensor  # (batch, num_heads, head_dim), written once every program (and merge) has run
+    warps: int
+    stages: int
+    partials: tuple[torch.Tensor, torch.Tensor] | None  # (part_out, part_lse) left for a merge launch
+
+
+def decode_launch(
+    q: torch.Tensor,  # (batch, num_heads, head_dim)
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
+    new_token: NewTokenQK | None = None,
+    fused_reduce: bool = True,
+) -> DecodeLaunch:
+    """paged_decode_attention's checks, split count, tile configuration, buffers and kernel arguments
+    (see its docstring); an empty batch gets items (0, ., 0) and nothing else."""
     if q.dim() != 3:
         raise ValueError(f"q must be (batch, num_heads, head_dim), got {tuple(q.shape)}")
     _check_cache(q, k_cache, v_cache, block_tables)
@@ -687,10 +738,11 @@ def paged_decode_attention(
         out = torch.empty((b, h, d), dtype=q.dtype, device=q.device)
     elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
         raise ValueError("out must match q")
-    if new_token is not None:
-        _check_new_token(q, new_token, hk)
+    nt = new_token
+    if nt is not None:
+        _check_new_token(q, nt, hk)
     if b == 0:
-        return out
+        return DecodeLaunch((), {}, (0, hk, 0), out, 0, 0, None)
     if num_splits is None:
         bound = max_seq_len if max_seq_len is not None else block_tables.shape[1] * bs
         num_splits = choose_num_splits(b, hk, bound, _sm_count(q.device))
@@ -707,34 +759,6 @@ def paged_decode_attention(
         part_lse = torch.empty((b, h, num_splits), dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out
-    args, consts = _decode_args(
-        q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, alibi_slopes, out, part_out,
-        part_lse, new_token, num_splits, fused_reduce, block_n,
-    )  # fmt: skip
-    _decode_kernel[(b, hk, num_splits)](*args, **consts, num_warps=warps, num_stages=stages)
-    if num_splits > 1 and not fused_reduce:
-        _decode_reduce_kernel[(b, h)](
-            part_out, part_lse, out, out.stride(0), out.stride(1),
-            NUM_HEADS=h, HEAD_DIM=d, NUM_SPLITS=num_splits, BLOCK_S=next_pow2(num_splits),
-            BLOCK_D=next_pow2(d), num_warps=4,
-        )  # fmt: skip
-    return out
-
-
-class DecodeLaunch(NamedTuple):
-    """What one decode-attention launch needs besides its grid (for kernels that run its programs)."""
-
-    args: tuple
-    consts: dict
-    items: tuple[int, int, int]  # (batch, num_kv_heads, num_splits): the (b, kvh, split) programs
-    out: torch.Tensor  # (batch, num_heads, head_dim), written once every program has run
-
-
-def _decode_args(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, alibi_slopes, out,
-                 part_out, part_lse, nt, num_splits, fused_reduce, block_n):  # fmt: skip
-    """_decode_kernel's arguments (and constexprs) for a validated launch."""
-    b, h, d = q.shape
-    _, bs, hk, _ = k_cache.shape
     group = h // hk
     has_norm = nt is not None and nt.q_norm_weight is not None
     args = (
@@ -753,49 +777,8 @@ def _decode_args(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_win
         FUSE_QK=nt is not None, HAS_NORM=has_norm, FUSED_REDUCE=fused_reduce,
         DOT_PREC=_dot_precision(q.dtype), ONE_LOOP=DECODE_ONE_LOOP,
     )  # fmt: skip
-    return args, consts
-
-
-def decode_launch(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    new_token: NewTokenQK,
-    sliding_window: int | None = None,
-    max_seq_len: int | None = None,
-) -> DecodeLaunch:
-    """The fused decode launch (q/k norm, RoPE, K/V store, attention, in-kernel split merge) as
-    paged_decode_attention would run it, for a kernel that runs those programs itself (kernels.decode_tail's
-    layer kernel). Always merges its splits in-kernel; the caller supplies the tile size via consts."""
-    if q.dim() != 3:
-        raise ValueError(f"q must be (batch, num_heads, head_dim), got {tuple(q.shape)}")
-    _check_cache(q, k_cache, v_cache, block_tables)
-    b, h, d = q.shape
-    _, bs, hk, _ = k_cache.shape
-    if block_tables.shape[0] != b or seq_lens.shape != (b,) or seq_lens.dtype != torch.int32:
-        raise ValueError("block_tables must have batch rows and seq_lens be (batch,) int32")
-    _check_new_token(q, new_token, hk)
-    bound = max_seq_len if max_seq_len is not None else block_tables.shape[1] * bs
-    num_splits = choose_num_splits(b, hk, bound, _sm_count(q.device))
-    if b * hk > _MAX_COUNTERS:
-        raise ValueError(f"at most {_MAX_COUNTERS} (sequence, KV head) pairs")
-    out = torch.empty((b, h, d), dtype=q.dtype, device=q.device)
-    if num_splits > 1:
-        part_out = torch.empty((b, h, num_splits, d), dtype=torch.float32, device=q.device)
-        part_lse = torch.empty((b, h, num_splits), dtype=torch.float32, device=q.device)
-    else:
-        part_out = part_lse = out
-    key = _config_key(q)
-    if key == "16bit" and b * hk >= _sm_count(q.device):
-        key = "16bit_wide"
-    args, consts = _decode_args(
-        q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, None, out, part_out, part_lse,
-        new_token, num_splits, num_splits > 1, DECODE_CONFIGS[key][0],
-    )  # fmt: skip
-    return DecodeLaunch(args, consts, (b, hk, num_splits), out)
+    partials = (part_out, part_lse) if num_splits > 1 and not fused_reduce else None
+    return DecodeLaunch(args, consts, (b, hk, num_splits), out, warps, stages, partials)
 
 
 def _check_new_token(q: torch.Tensor, nt: NewTokenQK, hk: int) -> None:

@@ -64,18 +64,6 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.sliding_window = _layer_sliding_window(config, layer_idx)
 
-    def forward(
-        self,
-        x: torch.Tensor,  # (num_tokens, hidden)
-        positions: torch.Tensor,  # (num_tokens,)
-        cos_sin: torch.Tensor,  # (max_positions, head_dim)
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:  # (num_tokens, hidden); the model itself runs attend() between fused projections
-        qkv = ops.linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
-        o = self.attend(qkv, positions, cos_sin, kv_cache, meta)
-        return ops.linear(o, self.o_proj.weight, self.o_proj.bias)
-
     def attend(
         self,
         qkv: torch.Tensor,  # (num_tokens, q_size + 2 * kv_size)
@@ -119,10 +107,6 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # the model runs these inside ops.decode_layer_tail
-        gate_up = ops.linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias)
-        return ops.silu_and_mul_linear(gate_up, self.down_proj.weight, self.down_proj.bias)
-
 
 class DecoderLayer(nn.Module):
     def __init__(self, config, layer_idx: int) -> None:
@@ -150,14 +134,14 @@ class DecoderLayer(nn.Module):
             qkv.weight if qkv is not None else None, qkv.bias if qkv is not None else None,
         )  # fmt: skip
 
-    def forward(self, qkv, residual, positions, cos_sin, kv_cache, meta, next_layer: DecoderLayer | None):
+    def forward(self, qkv, residual, positions, cos_sin, kv_cache, meta, tail: ref.TailWeights):
         """qkv: (num_tokens, q_size + 2 * kv_size), this layer's projected input; residual: the stream so
-        far. Returns (the next layer's qkv, residual), or (the MLP output, residual) for the last layer.
-        Each (residual add +) RMSNorm runs inside the projection that reads it, and at decode batch 1 the
-        whole tail from o_proj to the next layer's qkv is one launch (ops.decode_layer_tail)."""
+        far; tail: tail_weights(the next layer). Returns (the next layer's qkv, residual), or (the MLP
+        output, residual) for the last layer. Each (residual add +) RMSNorm runs inside the projection
+        that reads it, and at decode batch 1 the whole tail from o_proj to the next layer's qkv is one
+        launch (ops.decode_layer_tail)."""
         attn = self.self_attn
-        tail = self.tail_weights(next_layer)
-        if meta.prefill_block_tables is None:  # decode only: maybe the whole layer in one launch
+        if ops.DECODE_LAYER and meta.prefill_block_tables is None:  # maybe the whole layer in one launch
             done = ops.decode_layer(
                 qkv, attn.num_heads, attn.num_kv_heads, attn.head_dim,
                 attn.q_norm.weight if attn.qk_norm else None, attn.k_norm.weight if attn.qk_norm else None,
@@ -183,6 +167,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         inv_freq, scaling = rope_inv_freq(config)
         self.register_buffer("cos_sin", _cos_sin(inv_freq, max_positions, scaling), persistent=False)
+        self._tail_weights: list[ref.TailWeights] | None = None
 
     def forward(
         self,
@@ -193,12 +178,19 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:  # (num_tokens, hidden)
         x = self.embed_tokens(input_ids)
         x, residual = self.layers[0].qkv(x, None)
-        layers = list(self.layers)
-        for i, (layer, kv) in enumerate(zip(layers, kv_caches, strict=True)):
-            nxt = layers[i + 1] if i + 1 < len(layers) else None
-            x, residual = layer(x, residual, positions, self.cos_sin, kv, meta, nxt)
+        for layer, kv, tail in zip(self.layers, kv_caches, self._tails(), strict=True):
+            x, residual = layer(x, residual, positions, self.cos_sin, kv, meta, tail)
         x, _ = self.norm.forward_add(x, residual)
         return x
+
+    def _tails(self) -> list[ref.TailWeights]:
+        """Each layer's tail weights (with the next layer's norm and qkv), built at the first forward. They
+        hold the parameters themselves, which weight loading fills in place, so they stay current."""
+        if self._tail_weights is None:
+            layers = list(self.layers)
+            nexts = layers[1:] + [None]
+            self._tail_weights = [layer.tail_weights(nxt) for layer, nxt in zip(layers, nexts, strict=True)]
+        return self._tail_weights
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (batch, hidden) -> (batch, vocab)
         """In the model's dtype, as HF computes them before its float(): the fused sampler reads 16-bit

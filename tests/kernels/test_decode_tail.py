@@ -185,7 +185,7 @@ def test_decode_layer_gpu_one_launch_equals_staged(has_next):
         assert torch.equal(x, y)
 
 
-def test_dispatch_takes_the_one_launch_layer_only_when_asked(monkeypatch):
+def test_dispatch_leaves_cpu_tensors_to_the_attention_then_the_tail(monkeypatch):
     from kernels import dispatch
 
     case, w, res = _layer_case(torch.float32, 40)
