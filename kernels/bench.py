@@ -422,6 +422,34 @@ def _sweep_fused_decode(pa, key: str, dtype, device, timer: Timer, tiny: bool, c
         print(f"fused decode B={b} ctx={ctx}: engine splits {auto} (graphs: bound 4096); best {top}")
 
 
+RAGGED_BATCHES = (24, 48, 96, 160, 256)
+RAGGED_SWEEP = [1, 2, 4, 8]  # num_splits
+
+
+def sweep_ragged(dtype, device, timer: Timer, tiny: bool) -> None:
+    """Decode attention over ragged contexts (uniform in 256-2048 keys, as in W2's steps) at batch
+    sizes that fill the SMs one to a few times, by split count (paged_attention.MID_BATCH_SPLITS)."""
+    from kernels import paged_attention as pa
+
+    print("# ragged decode: num_splits -> us (GB/s of K/V read)")
+    gen = torch.Generator().manual_seed(0)
+    for b in (4,) if tiny else RAGGED_BATCHES:
+        top = 64 if tiny else 2048
+        q, kc, vc, bt, _, _ = _paged(b, top, 1, dtype, device)
+        sl = torch.randint(top // 8, top + 1, (b,), generator=gen).to(device=device, dtype=torch.int32)
+        kv_bytes = int(sl.sum()) * NUM_KV_HEADS * HEAD_DIM * 2 * kc.element_size()
+        cells = []
+        for splits in [1, 2] if tiny else RAGGED_SWEEP:
+            fn = lambda q=q, kc=kc, vc=vc, bt=bt, sl=sl, s=splits: pa.paged_decode_attention(
+                q, kc, vc, bt, sl, HEAD_DIM**-0.5, num_splits=s
+            )
+            t = timer.graph(fn) or timer.eager(fn)
+            cells.append((t, splits))
+        auto = pa.choose_num_splits(b, NUM_KV_HEADS, 4096, pa._sm_count(device))
+        row = "  ".join(f"{s}={t * 1e6:.1f} ({kv_bytes / t / 1e9:.0f})" for t, s in cells)
+        print(f"ragged B={b} ({kv_bytes / 1e6:.0f} MB): engine {auto}; {row}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m kernels.bench",
@@ -443,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep-tail", action="store_true",
                         help="instead: time the one-launch decode layer tail (kernels.decode_tail) over "
                         "configurations against its four projections launched one by one")  # fmt: skip
+    parser.add_argument("--sweep-ragged", action="store_true",
+                        help="instead: time decode attention over ragged contexts by splits")  # fmt: skip
     parser.add_argument("--sweep-gemv", default="",
                         help="instead: sweep kernels.gemv configs vs cuBLAS at these M (comma list), "
                         "and time the fused sampling")  # fmt: skip
@@ -472,6 +502,9 @@ def main(argv: list[str] | None = None) -> int:
           f"reps {args.reps}  flush_l2 {args.flush_l2}")  # fmt: skip
     if args.sweep:
         sweep(DTYPES[args.dtype], device, timer, args.tiny)
+        return 0
+    if args.sweep_ragged:
+        sweep_ragged(DTYPES[args.dtype], device, timer, args.tiny)
         return 0
     if args.sweep_tail:
         if device.type != "cuda":

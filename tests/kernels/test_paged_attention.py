@@ -144,6 +144,14 @@ def test_choose_num_splits():
     assert choose_num_splits(4, 8, 0, 132) == 1
 
 
+def test_choose_num_splits_mid_batch(monkeypatch):
+    monkeypatch.setattr(pa, "MID_BATCH_SPLITS", 2)
+    assert choose_num_splits(17, 8, 4096, 132) == 2  # one wave to a few: each sequence in 2 splits
+    assert choose_num_splits(131, 8, 4096, 132) == 2
+    assert choose_num_splits(132, 8, 4096, 132) == 1  # 8 waves and more: none
+    assert choose_num_splits(16, 8, 4096, 132) == 3  # below one wave: as before
+
+
 def test_launcher_rejects_bad_shapes():
     q, kc, vc, bt, cu, sl = make_paged([8], [8], H, HK, D, 16, torch.float32)
     with pytest.raises(ValueError):
