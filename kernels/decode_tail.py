@@ -54,6 +54,11 @@ class TailConfig(NamedTuple):
 # through shared memory), but more programs contend for the one barrier counter.
 DEFAULT_CONFIG = TailConfig(2, 8)
 INTERPRET_CONFIG = TailConfig(4, 4)  # the interpreter counts one "SM"
+# The one launch asks L2 for stage 3's and 4's weight slices at its start (PTX prefetch, one line per
+# lane), so DRAM streams them during stages 1-2 instead of when the stage before them begins; the layer
+# kernel (decode_layer) asks for all four stages' slices before its attention. Read at launch (and at
+# CUDA-graph capture); never in the interpreter (no PTX there). Not yet timed on a GPU.
+L2_PREFETCH = False
 MAX_M = 1  # batch sizes the engine sends here, and the one launch takes (its grid is sized for M = 1)
 KERNEL_MAX_M = 4  # what the stages launched one by one take (the register tiles grow with M)
 
@@ -79,6 +84,22 @@ def _slice(w_ptr, pid, N: tl.constexpr, K: tl.constexpr, ROWS: tl.constexpr, BLO
     cols = tl.arange(0, BLOCK_K)
     mask = ((r < ROWS) & (rows < N))[:, None] & (cols < K)[None, :]
     return tl.load(w_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _prefetch_l2(w_ptr, pid, N: tl.constexpr, K: tl.constexpr, ROWS: tl.constexpr, LINES: tl.constexpr):
+    """Asks L2 for this program's rows of W (N, K) (contiguous bytes), one 128-byte line per lane, and
+    keeps them there (evict_last); nothing waits for them. LINES >= the slice's lines, a power of two."""
+    per_line: tl.constexpr = 128 // w_ptr.dtype.element_ty.primitive_bitwidth * 8
+    first = pid * ROWS
+    count = (tl.minimum(first + ROWS, N) - first) * K  # elements of the slice (<= 0: none)
+    offs = tl.arange(0, LINES) * per_line
+    offs = tl.where(offs < count, offs, 0)  # lanes past the end repeat the first line
+    if count > 0:
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2::evict_last [$1]; // $0", "=r,l", [w_ptr + first.to(tl.int64) * K + offs],
+            dtype=tl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -186,8 +207,16 @@ def _tail(
     BA: tl.constexpr,
     BI: tl.constexpr,
     ROUNDS: tl.constexpr,  # barrier rounds this launch counted before stage 1 (1 after attention)
+    PREFETCH: tl.constexpr,  # > 0: stage 3's and 4's slices asked of L2 at the start, LINES3/LINES4 lanes
+    LINES3: tl.constexpr,
+    LINES4: tl.constexpr,
 ):
     """Stages FIRST..LAST of the tail for program `pid` (see the module docstring)."""
+    if PREFETCH > 0:  # DRAM streams the later stages' weights while the first two stages run
+        if FIRST <= 3 and LAST >= 3:
+            _prefetch_l2(wd_ptr, pid, H, INTER, R3, LINES3)
+        if LAST >= 4:
+            _prefetch_l2(wq_ptr, pid, NQ, H, R4, LINES4)
     # the weights of the first two stages of this launch are requested at once; each later stage's
     # when the one before it starts
     if FIRST <= 1:
@@ -277,12 +306,17 @@ def _decode_tail_kernel(
     BH: tl.constexpr,  # next_pow2 of H, A, I
     BA: tl.constexpr,
     BI: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    LINES1: tl.constexpr,  # (the layer kernel's)
+    LINES2: tl.constexpr,
+    LINES3: tl.constexpr,
+    LINES4: tl.constexpr,
 ):
     _tail(
         tl.program_id(0), a_ptr, res_ptr, wo_ptr, bo_ptr, n2_ptr, wgu_ptr, bgu_ptr, wd_ptr, bd_ptr,
         n1_ptr, wq_ptr, bq_ptr, o_ptr, h_ptr, gu_ptr, y_ptr, h2_ptr, qkv_ptr, bar_ptr, M, P, eps2, eps1,
         H, A, INTER, NQ, FIRST, LAST, HAS_BO, HAS_BGU, HAS_BD, HAS_BQ, BLOCK_M, R1, R2, R3, R4, BR1,
-        BR2, BR3, BR4, BH, BA, BI, 0
+        BR2, BR3, BR4, BH, BA, BI, 0, PREFETCH, LINES3, LINES4
     )  # fmt: skip
 
 
@@ -379,10 +413,21 @@ def _decode_layer_kernel(
     FUSED_REDUCE: tl.constexpr,
     DOT_PREC: tl.constexpr,
     ONE_LOOP: tl.constexpr,
+    PREFETCH: tl.constexpr,  # > 0: every stage's slice asked of L2 before the attention
+    LINES1: tl.constexpr,
+    LINES2: tl.constexpr,
+    LINES3: tl.constexpr,
+    LINES4: tl.constexpr,
 ):
     """Decode attention (stage 0: its (sequence, KV head, split) programs' work spread over this grid)
     and then the tail, one launch a layer; LAST == 0 runs the attention alone (the interpreter)."""
     pid = tl.program_id(0)
+    if PREFETCH > 0 and LAST >= 1:  # DRAM streams the tail's weights while the attention runs
+        _prefetch_l2(wo_ptr, pid, H, A, R1, LINES1)
+        _prefetch_l2(wgu_ptr, pid, 2 * INTER, H, R2, LINES2)
+        _prefetch_l2(wd_ptr, pid, H, INTER, R3, LINES3)
+        if LAST >= 4:
+            _prefetch_l2(wq_ptr, pid, NQ, H, R4, LINES4)
     per_seq: tl.constexpr = NUM_KV_HEADS * NUM_SPLITS
     for item in range(pid, ITEMS_B * per_seq, P):
         b = tl.cast(item // per_seq, tl.int32)
@@ -401,7 +446,7 @@ def _decode_layer_kernel(
             pid, a_ptr, res_ptr, wo_ptr, bo_ptr, n2_ptr, wgu_ptr, bgu_ptr, wd_ptr, bd_ptr, n1_ptr,
             wq_ptr, bq_ptr, o_ptr, h_ptr, gu_ptr, y_ptr, h2_ptr, qkv_ptr, bar_ptr, M, P, eps2, eps1,
             H, A, INTER, NQ, FIRST, LAST, HAS_BO, HAS_BGU, HAS_BD, HAS_BQ, BLOCK_M, R1, R2, R3, R4,
-            BR1, BR2, BR3, BR4, BH, BA, BI, 1
+            BR1, BR2, BR3, BR4, BH, BA, BI, 1, 0, LINES3, LINES4
         )  # fmt: skip
 
 
@@ -497,9 +542,16 @@ def _tail_launch(a: torch.Tensor, residual: torch.Tensor, w: TailWeights, interp
         programs, slices = _plan(h_size, a_width, inter, nq, c, a.device, interp)
         (r1, br1), (r2, br2), (r3, br3), (r4, br4) = slices
         tiles = dict(R1=r1, R2=r2, R3=r3, R4=r4, BR1=br1, BR2=br2, BR3=br3, BR4=br4, num_warps=c.num_warps)
-        return programs, (*tensors, m, programs, w.eps2, w.eps1_next), flags | tiles
+        line = 128 // a.element_size()  # elements per 128-byte line
+        lines = lambda rows, k: next_pow2(triton.cdiv(rows * k, line))
+        prefetch = dict(
+            PREFETCH=int(L2_PREFETCH and not interp), LINES1=lines(r1, a_width), LINES2=lines(r2, h_size),
+            LINES3=lines(r3, inter), LINES4=lines(r4, h_size),
+        )  # fmt: skip
+        return programs, (*tensors, m, programs, w.eps2, w.eps1_next), flags | tiles | prefetch
 
-    return _TailLaunch(launch, (qkv, h2) if has_next else (y, h), tuple(flags.items()))
+    key = (*flags.items(), ("PREFETCH", L2_PREFETCH and not interp))
+    return _TailLaunch(launch, (qkv, h2) if has_next else (y, h), key)
 
 
 def _cooperative() -> dict:

@@ -94,6 +94,13 @@ def _launches(dtype: torch.dtype):
                 nxt = (w, 1e-6, r(4096, 1024), None) if has_next else (None, 1e-6, None, None)
                 tw = TailWeights(r(1024, 2048), None, w, 1e-6, r(6144, 1024), b, r(1024, 3072), None, *nxt)
                 decode_layer_tail(r(m, 2048), r(m, 1024), tw)
+            from kernels import decode_tail
+
+            decode_tail.L2_PREFETCH = True  # the later stages' weights asked of L2 at the start
+            try:
+                decode_layer_tail(r(1, 2048), r(1, 1024), tw)
+            finally:
+                decode_tail.L2_PREFETCH = False
             from kernels.decode_tail import decode_layer
 
             for has_next in (True, False):  # attention as stage 0 of the tail's launch
@@ -108,8 +115,11 @@ def _launches(dtype: torch.dtype):
                 try:
                     layer_kv = (kc, vc, bt[:1], sl[:1], 0.1, new)
                     decode_layer(q1[:, :16], *layer_kv, r(1, 1024), tw, max_seq_len=4096)
+                    decode_tail.L2_PREFETCH = True
+                    decode_layer(q1[:, :16], *layer_kv, r(1, 1024), tw, max_seq_len=4096)
                 finally:
                     pa._sm_count = sm_count
+                    decode_tail.L2_PREFETCH = False
             apply_token_bitmask_(torch.randn(4, 1000), torch.zeros(4, 32, dtype=torch.int32), torch.arange(2))
             from kernels.sampling import sample_tokens
 

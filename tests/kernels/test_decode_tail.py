@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels import decode_tail
 from kernels import reference as ref
 from kernels.decode_tail import TailConfig, decode_layer_tail
 from tests.kernels.paged import gpu
@@ -87,6 +88,17 @@ def test_decode_tail_gpu_barriers_equal_staged_launches(bias, has_next):
     fused = _check(1, w, torch.bfloat16, device="cuda", fused=True)
     staged = _check(1, w, torch.bfloat16, device="cuda", fused=False)
     for x, y in zip(fused, staged, strict=True):  # same tiles, same order: the same bits
+        assert torch.equal(x, y)
+
+
+@gpu
+@pytest.mark.parametrize("has_next", [True, False])
+def test_decode_tail_gpu_l2_prefetch_changes_nothing(has_next, monkeypatch):
+    w = _weights(*QWEN3_06B, torch.bfloat16, device="cuda", bias=False, has_next=has_next)
+    plain = _check(1, w, torch.bfloat16, device="cuda", fused=True)
+    monkeypatch.setattr(decode_tail, "L2_PREFETCH", True)
+    fetched = _check(1, w, torch.bfloat16, device="cuda", fused=True)
+    for x, y in zip(plain, fetched, strict=True):
         assert torch.equal(x, y)
 
 
