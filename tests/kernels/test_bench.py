@@ -31,6 +31,13 @@ def test_tiny_cpu_sweep_covers_the_fused_decode_launch(capsys):
     assert "fused decode B=1 ctx=64: engine splits" in out and "best (16, 4, 1)/" in out
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny CPU run is for machines without CUDA")
+def test_tiny_cpu_ragged_sweep_times_each_split_count(capsys):
+    assert bench.main(["--tiny", "--sweep-ragged", "--reps", "1"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("ragged B=4"))
+    assert "engine 1;" in line and " 1=" in line and " 2=" in line
+
+
 def test_unknown_kernel_is_rejected():
     with pytest.raises(SystemExit):
         bench.main(["--only", "nope"])
