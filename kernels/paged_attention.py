@@ -615,8 +615,9 @@ MIN_TOKENS_PER_SPLIT = 128
 # A batch of one to a few waves of (sequence, KV head) programs: each sequence cut in this many splits,
 # so a ragged batch's longest contexts do not hold the last SMs alone. H200 (`kernels.bench
 # --sweep-ragged`, contexts uniform in 256-2048): batch 24 50.2 -> 40.9 us with 2 splits, 48 72.0 -> 66.8,
-# 96 120.7 -> 117.1, 160 192.7 -> 190.1, 256 even (291.6 / 290.8). Off: with 2, W2 25,191 against 24,518
-# but W1 (uniform contexts, batch 32) 19,131 against 20,494 tok/s, same machine session.
+# 96 120.7 -> 117.1, 160 192.7 -> 190.1, 256 even (291.6 / 290.8). Off: with 2, W2 25,191 (22,796 as the
+# machine's first W2 process) against 24,518, but W1 (uniform contexts, batch 32) 19,131 against 20,494
+# tok/s, same machine session.
 MID_BATCH_SPLITS = 1
 MID_BATCH_WAVES = 8  # up to batch x KV heads < MID_BATCH_WAVES x SMs
 
