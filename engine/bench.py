@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from engine import bench_switches
 from engine.models.tiny import BENCH_SHAPE, build_checkpoint
 
 HBM_BYTES_PER_S = 4.3e12  # H200
@@ -391,14 +392,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     p.add_argument("--profile", action="store_true", help="print where the timed run spends its time")
     p.add_argument("--timeline", action="store_true", help="print the host's wall time per step part")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="MODULE.NAME=VALUE",
+        help="flip a module-level switch for this run, e.g. kernels.dispatch.DECODE_LAYER=True (repeatable)",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> dict:
     global PROFILE, TIMELINE
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     PROFILE, TIMELINE = args.profile, args.timeline
+    try:
+        switches = bench_switches.apply(args.set)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if switches:
+        print("switches: " + ", ".join(f"{k}={v!r}" for k, v in switches.items()))
     result = WORKLOADS[args.workload](args)
+    if switches:
+        result["switches"] = {k: repr(v) for k, v in switches.items()}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return result
