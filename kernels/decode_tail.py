@@ -38,6 +38,7 @@ import triton.language as tl
 
 from kernels._jit import arrival_counters, is_interpreting, kernel, next_pow2
 from kernels.paged_attention import _decode_item, _sm_count
+from kernels.prefetch import prefetch_l2
 from kernels.reference import TailWeights
 
 
@@ -88,18 +89,10 @@ def _slice(w_ptr, pid, N: tl.constexpr, K: tl.constexpr, ROWS: tl.constexpr, BLO
 
 @triton.jit
 def _prefetch_l2(w_ptr, pid, N: tl.constexpr, K: tl.constexpr, ROWS: tl.constexpr, LINES: tl.constexpr):
-    """Asks L2 for this program's rows of W (N, K) (contiguous bytes), one 128-byte line per lane, and
-    keeps them there (evict_last); nothing waits for them. LINES >= the slice's lines, a power of two."""
-    per_line: tl.constexpr = 128 // w_ptr.dtype.element_ty.primitive_bitwidth * 8
+    """Asks L2 for this program's rows of W (N, K) (kernels.prefetch); LINES >= the slice's lines."""
     first = pid * ROWS
     count = (tl.minimum(first + ROWS, N) - first) * K  # elements of the slice (<= 0: none)
-    offs = tl.arange(0, LINES) * per_line
-    offs = tl.where(offs < count, offs, 0)  # lanes past the end repeat the first line
-    if count > 0:
-        tl.inline_asm_elementwise(
-            "prefetch.global.L2::evict_last [$1]; // $0", "=r,l", [w_ptr + first.to(tl.int64) * K + offs],
-            dtype=tl.int32, is_pure=False, pack=1,
-        )  # fmt: skip
+    prefetch_l2(w_ptr, first.to(tl.int64) * K, count, LINES)
 
 
 @triton.jit

@@ -327,7 +327,23 @@ def decode_layer_tail(
     return add_rms_norm_linear(y, residual, w.norm1_next, w.eps1_next, w.qkv_next, w.qkv_next_bias)
 
 
-DECODE_LAYER = False  # prepared, not yet measured on a GPU: decode attention + the tail in one launch
+# At decode batch 1 the attention launch asks L2 for the o_proj and gate_up weights the one-launch tail
+# reads first (kernels.prefetch), so DRAM streams them while the latency-bound attention runs. Prepared,
+# not yet timed on a GPU.
+ATTENTION_PREFETCH_TAIL = False
+
+
+def tail_prefetch(x: torch.Tensor, w: ref.TailWeights) -> tuple[torch.Tensor, ...]:
+    """What the decode attention before decode_layer_tail(x-sized batch, w) should ask L2 for: the
+    fused tail's first two weights when it runs (ATTENTION_PREFETCH_TAIL), else nothing."""
+    if not (ATTENTION_PREFETCH_TAIL and DECODE_TAIL and use_triton(x)):
+        return ()
+    from kernels import decode_tail
+
+    return (w.o, w.gate_up) if decode_tail.fits(x.shape[0], x.dtype, w, x.device) else ()
+
+
+DECODE_LAYER = False  # measured slower (README): decode attention + the tail in one launch
 
 
 def decode_layer(
@@ -425,9 +441,11 @@ def qk_norm_rope_decode_attention(
     sliding_window: int | None = None,
     *,
     max_seq_len: int | None = None,
+    prefetch: tuple[torch.Tensor, ...] = (),
 ) -> torch.Tensor:  # (batch, num_heads, head_dim)
     """qk_norm_rope_store_kv + decode_attention of a decode-only batch; on CUDA one launch, which
-    leaves q and k as they are (the two-step path rotates them in place)."""
+    leaves q and k as they are (the two-step path rotates them in place). `prefetch`: tensors the next
+    kernels read, asked of L2 by that launch (kernels.paged_attention.paged_decode_attention)."""
     weights = _qk_norm_weights(q, q_norm_weight, k_norm_weight)
     if not use_triton(q) or weights is None or k.stride(1) != k.shape[-1] or v.stride(1) != v.shape[-1]:
         q, _ = qk_norm_rope_store_kv(
@@ -442,5 +460,5 @@ def qk_norm_rope_decode_attention(
     new = NewTokenQK(k, v, q_norm_weight, k_norm_weight, eps, positions, cos_sin.contiguous(), slot_mapping)
     return paged_decode_attention(
         q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, max_seq_len=max_seq_len,
-        new_token=new,
+        new_token=new, prefetch=prefetch,
     )  # fmt: skip

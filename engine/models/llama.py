@@ -71,12 +71,13 @@ class Attention(nn.Module):
         cos_sin: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
+        prefetch: tuple[torch.Tensor, ...] = (),  # weights the next kernels read (engine.attention)
     ) -> torch.Tensor:  # (num_tokens, q_size): the attention output, before o_proj
         return attention_block(
             qkv, self.num_heads, self.num_kv_heads, self.head_dim,
             self.q_norm.weight if self.qk_norm else None, self.k_norm.weight if self.qk_norm else None,
             self.q_norm.eps if self.qk_norm else 0.0, positions, cos_sin, kv_cache, meta, self.scale,
-            self.sliding_window,
+            self.sliding_window, prefetch,
         )  # fmt: skip
 
 
@@ -151,7 +152,8 @@ class DecoderLayer(nn.Module):
             )  # fmt: skip
             if done is not None:
                 return done
-        a = attn.attend(qkv, positions, cos_sin, kv_cache, meta)  # (num_tokens, q_size)
+        prefetch = ops.tail_prefetch(qkv, tail) if meta.prefill_block_tables is None else ()
+        a = attn.attend(qkv, positions, cos_sin, kv_cache, meta, prefetch)  # (num_tokens, q_size)
         return ops.decode_layer_tail(a, residual, tail)
 
 

@@ -52,6 +52,9 @@ def _launches(dtype: torch.dtype):
                 paged_prefill_attention(q, kc, vc, bt, cu, sl, 100, 0.1, window, slopes, num_splits=splits)
             for splits in (1, 16):
                 paged_decode_attention(q[:2], kc, vc, bt, sl, 0.1, window, slopes, num_splits=splits)
+        if dtype != torch.float32:  # the tail's first weights asked of L2 by the batch-1 attention
+            tail_weights = (torch.randn(1024, 2048).to(dtype), torch.randn(6144, 1024).to(dtype))
+            paged_decode_attention(q[:1], kc, vc, bt[:1], sl[:1], 0.1, num_splits=16, prefetch=tail_weights)
         if dtype != torch.float32:
             k = torch.randn(5, 8, 128).to(dtype)
             store_kv(k, k, kc, vc, torch.arange(5))
