@@ -124,6 +124,21 @@ def test_prefetch_shares():
     assert pf.share(100, 4, 1000) == (32, 1)
     args = paged_attention._prefetch_args(torch.zeros(1), (torch.zeros(8),), 4)
     assert args["PF_LANES0"] == args["PF_LANES1"] == args["pf0_numel"] == 0  # CPU: interpreted
+    from kernels._jit import record_launches
+
+    w = torch.zeros(4096)
+    with record_launches():  # as when compiling for a GPU: the arguments a launch there gets
+        args = paged_attention._prefetch_args(torch.zeros(1), (torch.zeros(0), w), 4)
+    assert args["pf0_ptr"] is w and (args["pf0_numel"], args["pf0_per"]) == (4096, 1024)  # moved up
+    assert (args["PF_LANES0"], args["PF_LANES1"], args["pf1_numel"]) == (32, 0, 0)
+
+
+def test_tail_prefetch_stays_off_on_the_cpu(monkeypatch):
+    from kernels import dispatch
+
+    w = ref.TailWeights(*([torch.zeros(2, 2)] + [None] * 11))
+    monkeypatch.setattr(dispatch, "ATTENTION_PREFETCH_TAIL", True)
+    assert dispatch.tail_prefetch(torch.zeros(1, 4), w) == ()
 
 
 def _gpu_case(ctx):
