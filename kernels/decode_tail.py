@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import prefetch as pf
 from kernels._jit import arrival_counters, is_interpreting, kernel, next_pow2
 from kernels.paged_attention import _decode_item, _sm_count
 from kernels.prefetch import prefetch_l2
@@ -300,8 +301,6 @@ def _decode_tail_kernel(
     BA: tl.constexpr,
     BI: tl.constexpr,
     PREFETCH: tl.constexpr,
-    LINES1: tl.constexpr,  # (the layer kernel's)
-    LINES2: tl.constexpr,
     LINES3: tl.constexpr,
     LINES4: tl.constexpr,
 ):
@@ -535,11 +534,10 @@ def _tail_launch(a: torch.Tensor, residual: torch.Tensor, w: TailWeights, interp
         programs, slices = _plan(h_size, a_width, inter, nq, c, a.device, interp)
         (r1, br1), (r2, br2), (r3, br3), (r4, br4) = slices
         tiles = dict(R1=r1, R2=r2, R3=r3, R4=r4, BR1=br1, BR2=br2, BR3=br3, BR4=br4, num_warps=c.num_warps)
-        line = 128 // a.element_size()  # elements per 128-byte line
-        lines = lambda rows, k: next_pow2(triton.cdiv(rows * k, line))
+        es = a.element_size()
         prefetch = dict(
-            PREFETCH=int(L2_PREFETCH and not interp), LINES1=lines(r1, a_width), LINES2=lines(r2, h_size),
-            LINES3=lines(r3, inter), LINES4=lines(r4, h_size),
+            PREFETCH=int(L2_PREFETCH and not interp), LINES3=pf.lanes(r3 * inter, es),
+            LINES4=pf.lanes(r4 * h_size, es),
         )  # fmt: skip
         return programs, (*tensors, m, programs, w.eps2, w.eps1_next), flags | tiles | prefetch
 
@@ -628,7 +626,11 @@ def decode_layer(
 
     def launch(c: TailConfig):
         programs, args, consts = tail.launch(c)
-        return programs, (*attn_args, items_b, *args), att.consts | consts
+        es = a.element_size()  # stage 1's and 2's slices too (L2_PREFETCH): (R1, A) and (R2, H)
+        first = dict(
+            LINES1=pf.lanes(consts["R1"] * consts["A"], es), LINES2=pf.lanes(consts["R2"] * consts["H"], es)
+        )
+        return programs, (*attn_args, items_b, *args), att.consts | consts | first
 
     if not fused:
         programs, args, consts = launch(cfg)

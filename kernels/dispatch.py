@@ -306,6 +306,15 @@ def add_rms_norm_linear(
 DECODE_TAIL = True  # the one-launch layer tail at batch 1 on CUDA (kernels.decode_tail); False: per op
 
 
+def _tail_fused(x: torch.Tensor, w: ref.TailWeights) -> bool:
+    """Whether decode_layer_tail runs the one-launch kernel for a batch shaped like x (M, .)."""
+    if not (DECODE_TAIL and use_triton(x) and x.dim() == 2):
+        return False
+    from kernels import decode_tail
+
+    return decode_tail.fits(x.shape[0], x.dtype, w, x.device)
+
+
 def decode_layer_tail(
     a: torch.Tensor,  # (M, A): the attention output
     residual: torch.Tensor,  # (M, H)
@@ -314,11 +323,10 @@ def decode_layer_tail(
     """o projection, residual add + RMSNorm + gate_up, SiLU + down and (w.qkv_next) the next layer's
     residual add + RMSNorm + qkv: on CUDA at decode batch 1 one persistent launch (kernels.decode_tail),
     elsewhere the ops above one by one (which may consume `residual`, as add_rms_norm_linear does)."""
-    if DECODE_TAIL and use_triton(a) and a.dim() == 2:
+    if _tail_fused(a, w) and residual.dtype == a.dtype:
         from kernels import decode_tail
 
-        if decode_tail.fits(a.shape[0], a.dtype, w, a.device) and residual.dtype == a.dtype:
-            return decode_tail.decode_layer_tail(a, residual, w)
+        return decode_tail.decode_layer_tail(a, residual, w)
     o = linear(a, w.o, w.o_bias)  # (the references on the CPU: reference.decode_layer_tail's steps)
     gate_up, residual = add_rms_norm_linear(o, residual, w.norm2, w.eps2, w.gate_up, w.gate_up_bias)
     y = silu_and_mul_linear(gate_up, w.down, w.down_bias)
@@ -336,11 +344,7 @@ ATTENTION_PREFETCH_TAIL = False
 def tail_prefetch(x: torch.Tensor, w: ref.TailWeights) -> tuple[torch.Tensor, ...]:
     """What the decode attention before decode_layer_tail(x-sized batch, w) should ask L2 for: the
     fused tail's first two weights when it runs (ATTENTION_PREFETCH_TAIL), else nothing."""
-    if not (ATTENTION_PREFETCH_TAIL and DECODE_TAIL and use_triton(x)):
-        return ()
-    from kernels import decode_tail
-
-    return (w.o, w.gate_up) if decode_tail.fits(x.shape[0], x.dtype, w, x.device) else ()
+    return (w.o, w.gate_up) if ATTENTION_PREFETCH_TAIL and _tail_fused(x, w) else ()
 
 
 DECODE_LAYER = False  # measured slower (README): decode attention + the tail in one launch
@@ -369,16 +373,14 @@ def decode_layer(
     """A whole decode layer at batch 1 from its qkv in one launch (kernels.decode_tail.decode_layer:
     the fused decode attention as stage 0 of the tail's kernel) when DECODE_LAYER is on and it applies;
     None otherwise, and the caller runs the attention and decode_layer_tail."""
-    if not (DECODE_LAYER and DECODE_TAIL and use_triton(qkv) and qkv.dim() == 2 and qkv.shape[0] == 1):
+    if not (DECODE_LAYER and _tail_fused(qkv, w) and qkv.shape[0] == 1 and residual.dtype == qkv.dtype):
+        return None
+    weights = _qk_norm_weights(qkv, q_norm_weight, k_norm_weight)
+    if weights is None or weights[0] is None:
         return None
     from kernels import decode_tail
     from kernels.paged_attention import NewTokenQK
 
-    weights = _qk_norm_weights(qkv, q_norm_weight, k_norm_weight)
-    if weights is None or weights[0] is None or residual.dtype != qkv.dtype:
-        return None
-    if not decode_tail.fits(1, qkv.dtype, w, qkv.device):
-        return None
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
     new = NewTokenQK(

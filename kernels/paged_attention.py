@@ -730,26 +730,20 @@ def paged_decode_attention(
 
 def _prefetch_args(q: torch.Tensor, tensors: tuple[torch.Tensor, ...], programs: int) -> dict:
     """_decode_kernel's prefetch arguments (by name): each of `programs` programs asks for its share of
-    each tensor."""
+    each non-empty tensor, in the kernel's slots 0 then 1."""
     if len(tensors) > 2:
         raise ValueError("prefetch takes up to two tensors")
     if any(not t.is_contiguous() or t.device != q.device for t in tensors):
         raise ValueError("prefetch tensors must be contiguous and on q's device")
-    if is_interpreting(q):  # no inline PTX in the interpreter
-        tensors = ()
-    args: list = []
-    lanes = [0, 0]
+    live = [] if is_interpreting(q) else [t for t in tensors if t.numel()]  # no inline PTX interpreted
+    args: dict = {}
     for i in range(2):
-        if i < len(tensors) and tensors[i].numel():
-            per, lanes[i] = pf.share(tensors[i].numel(), tensors[i].element_size(), programs)
-            args += [tensors[i], tensors[i].numel(), per]
-        else:
-            args += [q, 0, 0]
-    if lanes[0] == 0 and lanes[1]:  # the kernel reads the first slot first
-        args = args[3:] + args[:3]
-        lanes = [lanes[1], 0]
-    names = ("pf0_ptr", "pf0_numel", "pf0_per", "pf1_ptr", "pf1_numel", "pf1_per")
-    return dict(zip(names, args, strict=True)) | {"PF_LANES0": lanes[0], "PF_LANES1": lanes[1]}
+        t = live[i] if i < len(live) else None
+        per, lanes = pf.share(t.numel(), t.element_size(), programs) if t is not None else (0, 0)
+        numel = t.numel() if t is not None else 0
+        args |= {f"pf{i}_ptr": t if t is not None else q, f"pf{i}_numel": numel, f"pf{i}_per": per}
+        args[f"PF_LANES{i}"] = lanes
+    return args
 
 
 class DecodeLaunch(NamedTuple):

@@ -29,9 +29,14 @@ def prefetch_l2(ptr, first, count, LANES: tl.constexpr):
         )  # fmt: skip
 
 
+def lanes(numel: int, element_size: int) -> int:
+    """prefetch_l2's LANES for numel contiguous elements: their 128-byte lines, to a power of two."""
+    return triton.next_power_of_2(max(1, triton.cdiv(numel * element_size, LINE_BYTES)))
+
+
 def share(numel: int, element_size: int, programs: int) -> tuple[int, int]:
     """(elements per program, lanes) for `programs` programs that each ask for one contiguous share of
     a numel-element buffer, whole lines each."""
     per_line = LINE_BYTES // element_size
-    lines = triton.cdiv(triton.cdiv(numel, per_line), max(1, programs))
-    return lines * per_line, triton.next_power_of_2(max(1, lines))
+    per = triton.cdiv(triton.cdiv(numel, per_line), max(1, programs)) * per_line
+    return per, lanes(per, element_size)

@@ -152,7 +152,7 @@ class DecoderLayer(nn.Module):
             )  # fmt: skip
             if done is not None:
                 return done
-        prefetch = ops.tail_prefetch(qkv, tail) if meta.prefill_block_tables is None else ()
+        prefetch = ops.tail_prefetch(qkv, tail)  # (only a decode-only step's attention takes it)
         a = attn.attend(qkv, positions, cos_sin, kv_cache, meta, prefetch)  # (num_tokens, q_size)
         return ops.decode_layer_tail(a, residual, tail)
 
