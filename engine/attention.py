@@ -77,10 +77,8 @@ def attention_block(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int | None = None,
-    prefetch: tuple[torch.Tensor, ...] = (),
 ) -> torch.Tensor:  # (num_tokens, num_heads * head_dim)
-    """Everything between the qkv and o projections: q/k norm, RoPE, the K/V store and attention.
-    `prefetch`: weights the next kernels read, asked of L2 by a decode-only batch's attention launch."""
+    """Everything between the qkv and o projections: q/k norm, RoPE, the K/V store and attention."""
     t = qkv.shape[0]
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
@@ -91,7 +89,7 @@ def attention_block(
         o = ops.qk_norm_rope_decode_attention(
             q, k, v, q_norm_weight, k_norm_weight, eps, positions, cos_sin, kv_cache[0], kv_cache[1],
             meta.slot_mapping, meta.decode_block_tables, meta.decode_seq_lens, scale, sliding_window,
-            max_seq_len=meta.decode_max_seq_len or None, prefetch=prefetch,
+            max_seq_len=meta.decode_max_seq_len or None,
         )  # fmt: skip
         return o.reshape(t, q_size)
     q, _ = ops.qk_norm_rope_store_kv(

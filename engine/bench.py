@@ -397,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="MODULE.NAME=VALUE",
-        help="flip a module-level switch for this run, e.g. kernels.dispatch.DECODE_LAYER=True (repeatable)",
+        help="flip a module-level switch for this run, e.g. kernels.dispatch.DECODE_TAIL=False (repeatable)",
     )
     return p
 

@@ -16,11 +16,11 @@ PACKAGES = ("kernels", "engine", "grammar")
 
 
 def parse(spec: str) -> tuple[str, str, object]:
-    """'kernels.dispatch.DECODE_LAYER=True' -> ('kernels.dispatch', 'DECODE_LAYER', True)."""
+    """'kernels.dispatch.DECODE_TAIL=False' -> ('kernels.dispatch', 'DECODE_TAIL', False)."""
     target, sep, text = spec.partition("=")
     module, _, name = target.strip().rpartition(".")
     if not sep or not module or not name:
-        example = "kernels.dispatch.DECODE_LAYER=True"
+        example = "kernels.dispatch.DECODE_TAIL=False"
         raise ValueError(f"--set {spec!r}: expected module.NAME=value, e.g. {example}")
     if module.split(".")[0] not in PACKAGES:
         raise ValueError(f"--set {spec!r}: only switches of {', '.join(PACKAGES)} modules")

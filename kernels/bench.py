@@ -569,7 +569,7 @@ def sweep_tail(dtype, device, reps: int = 10) -> None:
     """Times kernels.decode_tail (o_proj -> norm + gate_up -> SiLU + down -> next norm + qkv in one
     launch with grid barriers) over configurations against the same four projections launched one by
     one (what the engine ran before), at the Qwen3-0.6B shapes, 8 layers' weights streamed from HBM;
-    then the default configuration without and with decode_tail.L2_PREFETCH."""
+    then the default configuration (the one the engine launches)."""
     from kernels import decode_tail
     from kernels import dispatch as ops
     from kernels import reference as ref
@@ -620,15 +620,8 @@ def sweep_tail(dtype, device, reps: int = 10) -> None:
               f"one launch best {results[0][0] * 1e6:.2f} ({gbs / results[0][0]:.2f} TB/s) "
               f"{tuple(results[0][1])} rel_err {results[0][2]:.1e}")  # fmt: skip
         print("    top: " + "  ".join(f"{tuple(c)}={t * 1e6:.2f}" for t, c, _ in results[:6]))
-        one = lambda i, a=a, res=res: decode_layer_tail(a, res, ws[i])
-        saved, decode_tail.L2_PREFETCH = decode_tail.L2_PREFETCH, False
-        try:
-            t_plain = _streamed(one, copies, reps)
-            decode_tail.L2_PREFETCH = True  # stage 3's and 4's weights asked of L2 at the start
-            t_pf = _streamed(one, copies, reps)
-        finally:
-            decode_tail.L2_PREFETCH = saved
-        print(f"    default config: {t_plain * 1e6:.2f} us; with the L2 prefetch {t_pf * 1e6:.2f} us")
+        t_default = _streamed(lambda i, a=a, res=res: decode_layer_tail(a, res, ws[i]), copies, reps)
+        print(f"    default config: {t_default * 1e6:.2f} us")
 
 
 def _gemv_sweep_configs(m: int) -> list:

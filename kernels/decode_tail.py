@@ -36,10 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import prefetch as pf
 from kernels._jit import arrival_counters, is_interpreting, kernel, next_pow2
-from kernels.paged_attention import _decode_item, _sm_count
-from kernels.prefetch import prefetch_l2
+from kernels.paged_attention import _sm_count
 from kernels.reference import TailWeights
 
 
@@ -54,13 +52,11 @@ class TailConfig(NamedTuple):
 # four projections launched one by one 19.5 (kernels.gemv), this kernel's stages launched one by one
 # 19.0. With 4 warps the weights are multiplied in the layout they were loaded in (8 and 16 move them
 # through shared memory), but more programs contend for the one barrier counter.
+# Handing a stage's output over without a barrier (each value in a 32-bit word beside a tag of the
+# launch, readers re-reading until every word carries it, no fence, so the weights in flight need not
+# drain at each stage) measured slower: 18.8 us per layer in W3 against 16.8, 19.2 in this sweep.
 DEFAULT_CONFIG = TailConfig(2, 8)
 INTERPRET_CONFIG = TailConfig(4, 4)  # the interpreter counts one "SM"
-# The one launch asks L2 for stage 3's and 4's weight slices at its start (PTX prefetch, one line per
-# lane), so DRAM streams them during stages 1-2 instead of when the stage before them begins; the layer
-# kernel (decode_layer) asks for all four stages' slices before its attention. Read at launch (and at
-# CUDA-graph capture); never in the interpreter (no PTX there). Not yet timed on a GPU.
-L2_PREFETCH = False
 MAX_M = 1  # batch sizes the engine sends here, and the one launch takes (its grid is sized for M = 1)
 KERNEL_MAX_M = 4  # what the stages launched one by one take (the register tiles grow with M)
 
@@ -86,14 +82,6 @@ def _slice(w_ptr, pid, N: tl.constexpr, K: tl.constexpr, ROWS: tl.constexpr, BLO
     cols = tl.arange(0, BLOCK_K)
     mask = ((r < ROWS) & (rows < N))[:, None] & (cols < K)[None, :]
     return tl.load(w_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], mask=mask, other=0.0)
-
-
-@triton.jit
-def _prefetch_l2(w_ptr, pid, N: tl.constexpr, K: tl.constexpr, ROWS: tl.constexpr, LINES: tl.constexpr):
-    """Asks L2 for this program's rows of W (N, K) (kernels.prefetch); LINES >= the slice's lines."""
-    first = pid * ROWS
-    count = (tl.minimum(first + ROWS, N) - first) * K  # elements of the slice (<= 0: none)
-    prefetch_l2(w_ptr, first.to(tl.int64) * K, count, LINES)
 
 
 @triton.jit
@@ -200,38 +188,27 @@ def _tail(
     BH: tl.constexpr,  # next_pow2 of H, A, I
     BA: tl.constexpr,
     BI: tl.constexpr,
-    ROUNDS: tl.constexpr,  # barrier rounds this launch counted before stage 1 (1 after attention)
-    PREFETCH: tl.constexpr,  # > 0: stage 3's and 4's slices asked of L2 at the start, LINES3/LINES4 lanes
-    LINES3: tl.constexpr,
-    LINES4: tl.constexpr,
 ):
     """Stages FIRST..LAST of the tail for program `pid` (see the module docstring)."""
-    if PREFETCH > 0:  # DRAM streams the later stages' weights while the first two stages run
-        if FIRST <= 3 and LAST >= 3:
-            _prefetch_l2(wd_ptr, pid, H, INTER, R3, LINES3)
-        if LAST >= 4:
-            _prefetch_l2(wq_ptr, pid, NQ, H, R4, LINES4)
     # the weights of the first two stages of this launch are requested at once; each later stage's
     # when the one before it starts
     if FIRST <= 1:
         w1 = _slice(wo_ptr, pid, H, A, R1, BR1, BA)
     if FIRST <= 2 and LAST >= 2:
         w2 = _slice(wgu_ptr, pid, 2 * INTER, H, R2, BR2, BH)
-    if ROUNDS > 0:  # the attention of this launch: wait for every program's output, weights requested
-        _grid_sync(bar_ptr, ROUNDS * P)
     if FIRST <= 1:
         x1 = _input(a_ptr, a_ptr, a_ptr, a_ptr, M, 0.0, pid, A, 0, BLOCK_M, BA)
         _project(w1, x1, bo_ptr, o_ptr, M, pid, H, R1, HAS_BO, BLOCK_M, BR1)
     if FIRST <= 2 and LAST >= 2:
         if FIRST < 2:
-            _grid_sync(bar_ptr, (2 - FIRST + ROUNDS) * P)
+            _grid_sync(bar_ptr, (2 - FIRST) * P)
         if LAST >= 3:
             w3 = _slice(wd_ptr, pid, H, INTER, R3, BR3, BI)
         x2 = _input(o_ptr, res_ptr, n2_ptr, h_ptr, M, eps2, pid, H, 1, BLOCK_M, BH)
         _project(w2, x2, bgu_ptr, gu_ptr, M, pid, 2 * INTER, R2, HAS_BGU, BLOCK_M, BR2)
     if FIRST <= 3 and LAST >= 3:
         if FIRST < 3:
-            _grid_sync(bar_ptr, (3 - FIRST + ROUNDS) * P)
+            _grid_sync(bar_ptr, (3 - FIRST) * P)
         else:
             w3 = _slice(wd_ptr, pid, H, INTER, R3, BR3, BI)
         if LAST >= 4:
@@ -240,12 +217,12 @@ def _tail(
         _project(w3, x3, bd_ptr, y_ptr, M, pid, H, R3, HAS_BD, BLOCK_M, BR3)
     if LAST >= 4:
         if FIRST < 4:
-            _grid_sync(bar_ptr, (4 - FIRST + ROUNDS) * P)
+            _grid_sync(bar_ptr, (4 - FIRST) * P)
         else:
             w4 = _slice(wq_ptr, pid, NQ, H, R4, BR4, BH)
         x4 = _input(y_ptr, h_ptr, n1_ptr, h2_ptr, M, eps1, pid, H, 1, BLOCK_M, BH)
         _project(w4, x4, bq_ptr, qkv_ptr, M, pid, NQ, R4, HAS_BQ, BLOCK_M, BR4)
-    if FIRST < LAST or ROUNDS > 0:  # the last program out leaves the counters zeroed for the next launch
+    if FIRST < LAST:  # the last program out leaves the counters zeroed for the next launch
         tl.debug_barrier()
         done = tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu")
         if done == P - 1:
@@ -300,146 +277,13 @@ def _decode_tail_kernel(
     BH: tl.constexpr,  # next_pow2 of H, A, I
     BA: tl.constexpr,
     BI: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    LINES3: tl.constexpr,
-    LINES4: tl.constexpr,
 ):
     _tail(
         tl.program_id(0), a_ptr, res_ptr, wo_ptr, bo_ptr, n2_ptr, wgu_ptr, bgu_ptr, wd_ptr, bd_ptr,
         n1_ptr, wq_ptr, bq_ptr, o_ptr, h_ptr, gu_ptr, y_ptr, h2_ptr, qkv_ptr, bar_ptr, M, P, eps2, eps1,
         H, A, INTER, NQ, FIRST, LAST, HAS_BO, HAS_BGU, HAS_BD, HAS_BQ, BLOCK_M, R1, R2, R3, R4, BR1,
-        BR2, BR3, BR4, BH, BA, BI, 0, PREFETCH, LINES3, LINES4
+        BR2, BR3, BR4, BH, BA, BI
     )  # fmt: skip
-
-
-@kernel
-def _decode_layer_kernel(
-    # the decode attention's arguments (kernels.paged_attention._decode_kernel; its out_ptr is a_ptr)
-    q_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    part_out_ptr,
-    part_lse_ptr,
-    block_tables_ptr,
-    seq_lens_ptr,
-    alibi_ptr,
-    k_new_ptr,
-    v_new_ptr,
-    qw_ptr,
-    kw_ptr,
-    pos_ptr,
-    cs_ptr,
-    slot_ptr,
-    counter_ptr,
-    scale_log2,
-    stride_qb,
-    stride_qh,
-    stride_ob,
-    stride_oh,
-    stride_bt,
-    stride_kb,
-    stride_vb,
-    window,
-    eps,
-    ITEMS_B,  # sequences: the attention runs ITEMS_B x NUM_KV_HEADS x NUM_SPLITS programs' work
-    # the tail's (_decode_tail_kernel)
-    a_ptr,  # (M, A) attention output, contiguous
-    res_ptr,  # (M, H) residual, contiguous
-    wo_ptr,
-    bo_ptr,
-    n2_ptr,
-    wgu_ptr,
-    bgu_ptr,
-    wd_ptr,
-    bd_ptr,
-    n1_ptr,
-    wq_ptr,
-    bq_ptr,  # TailWeights
-    o_ptr,  # (M, H) stage 1's output
-    h_ptr,  # (M, H) o + residual (the residual after attention), written by program 0
-    gu_ptr,  # (M, 2I)
-    y_ptr,  # (M, H) the MLP's output
-    h2_ptr,  # (M, H) y + h, written by program 0 (LAST == 4)
-    qkv_ptr,  # (M, NQ) the next layer's qkv (LAST == 4)
-    bar_ptr,  # (2,) int32 zeros: barrier arrivals and exits; left zeroed
-    M,
-    P,  # programs in the grid
-    eps2,
-    eps1,
-    H: tl.constexpr,
-    A: tl.constexpr,
-    INTER: tl.constexpr,
-    NQ: tl.constexpr,
-    FIRST: tl.constexpr,  # stages FIRST..LAST run in this launch (1..3 or 1..4 on a GPU)
-    LAST: tl.constexpr,
-    HAS_BO: tl.constexpr,
-    HAS_BGU: tl.constexpr,
-    HAS_BD: tl.constexpr,
-    HAS_BQ: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    R1: tl.constexpr,  # rows a program owns in each stage, and their power-of-two tile heights
-    R2: tl.constexpr,
-    R3: tl.constexpr,
-    R4: tl.constexpr,
-    BR1: tl.constexpr,
-    BR2: tl.constexpr,
-    BR3: tl.constexpr,
-    BR4: tl.constexpr,
-    BH: tl.constexpr,  # next_pow2 of H, A, I
-    BA: tl.constexpr,
-    BI: tl.constexpr,
-    # the attention's constexprs
-    NUM_KV_HEADS: tl.constexpr,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    HAS_WINDOW: tl.constexpr,
-    HAS_ALIBI: tl.constexpr,
-    FUSE_QK: tl.constexpr,
-    HAS_NORM: tl.constexpr,
-    FUSED_REDUCE: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-    ONE_LOOP: tl.constexpr,
-    PREFETCH: tl.constexpr,  # > 0: every stage's slice asked of L2 before the attention
-    LINES1: tl.constexpr,
-    LINES2: tl.constexpr,
-    LINES3: tl.constexpr,
-    LINES4: tl.constexpr,
-):
-    """Decode attention (stage 0: its (sequence, KV head, split) programs' work spread over this grid)
-    and then the tail, one launch a layer; LAST == 0 runs the attention alone (the interpreter)."""
-    pid = tl.program_id(0)
-    if PREFETCH > 0 and LAST >= 1:  # DRAM streams the tail's weights while the attention runs
-        _prefetch_l2(wo_ptr, pid, H, A, R1, LINES1)
-        _prefetch_l2(wgu_ptr, pid, 2 * INTER, H, R2, LINES2)
-        _prefetch_l2(wd_ptr, pid, H, INTER, R3, LINES3)
-        if LAST >= 4:
-            _prefetch_l2(wq_ptr, pid, NQ, H, R4, LINES4)
-    per_seq: tl.constexpr = NUM_KV_HEADS * NUM_SPLITS
-    for item in range(pid, ITEMS_B * per_seq, P):
-        b = tl.cast(item // per_seq, tl.int32)
-        kvh = tl.cast((item // NUM_SPLITS) % NUM_KV_HEADS, tl.int32)
-        split = tl.cast(item % NUM_SPLITS, tl.int32)
-        _decode_item(
-            b, kvh, split, q_ptr, k_cache_ptr, v_cache_ptr, a_ptr, part_out_ptr, part_lse_ptr,
-            block_tables_ptr, seq_lens_ptr, alibi_ptr, k_new_ptr, v_new_ptr, qw_ptr, kw_ptr,
-            pos_ptr, cs_ptr, slot_ptr, counter_ptr, scale_log2, stride_qb, stride_qh, stride_ob,
-            stride_oh, stride_bt, stride_kb, stride_vb, window, eps, NUM_KV_HEADS, GROUP, HEAD_DIM,
-            BLOCK_SIZE, BLOCK_G, BLOCK_N, BLOCK_D, NUM_SPLITS, BLOCK_S, HAS_WINDOW, HAS_ALIBI,
-            FUSE_QK, HAS_NORM, FUSED_REDUCE, DOT_PREC, ONE_LOOP
-        )  # fmt: skip
-    if LAST >= 1:
-        _tail(
-            pid, a_ptr, res_ptr, wo_ptr, bo_ptr, n2_ptr, wgu_ptr, bgu_ptr, wd_ptr, bd_ptr, n1_ptr,
-            wq_ptr, bq_ptr, o_ptr, h_ptr, gu_ptr, y_ptr, h2_ptr, qkv_ptr, bar_ptr, M, P, eps2, eps1,
-            H, A, INTER, NQ, FIRST, LAST, HAS_BO, HAS_BGU, HAS_BD, HAS_BQ, BLOCK_M, R1, R2, R3, R4,
-            BR1, BR2, BR3, BR4, BH, BA, BI, 1, 0, LINES3, LINES4
-        )  # fmt: skip
 
 
 COOPERATIVE = True  # launch the fused grid cooperatively where this Triton can (residency guaranteed)
@@ -534,15 +378,9 @@ def _tail_launch(a: torch.Tensor, residual: torch.Tensor, w: TailWeights, interp
         programs, slices = _plan(h_size, a_width, inter, nq, c, a.device, interp)
         (r1, br1), (r2, br2), (r3, br3), (r4, br4) = slices
         tiles = dict(R1=r1, R2=r2, R3=r3, R4=r4, BR1=br1, BR2=br2, BR3=br3, BR4=br4, num_warps=c.num_warps)
-        es = a.element_size()
-        prefetch = dict(
-            PREFETCH=int(L2_PREFETCH and not interp), LINES3=pf.lanes(r3 * inter, es),
-            LINES4=pf.lanes(r4 * h_size, es),
-        )  # fmt: skip
-        return programs, (*tensors, m, programs, w.eps2, w.eps1_next), flags | tiles | prefetch
+        return programs, (*tensors, m, programs, w.eps2, w.eps1_next), flags | tiles
 
-    key = (*flags.items(), ("PREFETCH", L2_PREFETCH and not interp))
-    return _TailLaunch(launch, (qkv, h2) if has_next else (y, h), key)
+    return _TailLaunch(launch, (qkv, h2) if has_next else (y, h), tuple(flags.items()))
 
 
 def _cooperative() -> dict:
@@ -585,63 +423,6 @@ def decode_layer_tail(
         )
     programs, args, consts = tail.launch(cfg)
     _decode_tail_kernel[(programs,)](*args, FIRST=1, **consts, **extra)
-    return tail.result
-
-
-def decode_layer(
-    q: torch.Tensor,  # (1, num_heads, head_dim): the new token's raw q (a view of the qkv output)
-    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,  # (1, max_blocks) int32
-    seq_lens: torch.Tensor,  # (1,) int32, incl. the new token
-    scale: float,
-    new_token,  # kernels.paged_attention.NewTokenQK: raw k, v, q/k norm weights, positions, cos_sin, slots
-    residual: torch.Tensor,  # (1, H)
-    w: TailWeights,
-    sliding_window: int | None = None,
-    max_seq_len: int | None = None,
-    config: TailConfig | None = None,
-    fused: bool | None = None,  # one launch (default: on CUDA)
-) -> tuple[torch.Tensor, torch.Tensor]:  # as decode_layer_tail
-    """A whole decode layer from its qkv: the fused decode attention (q/k norm, RoPE, K/V store,
-    split-K with the in-kernel merge) as stage 0, its programs' work spread over this grid, then the
-    tail, in one launch with a barrier after the attention. The interpreter runs the attention as one
-    launch of the same kernel, then the tail's stages one by one. Same results as
-    paged_decode_attention(..., new_token=...) followed by decode_layer_tail."""
-    from kernels.paged_attention import decode_launch
-
-    if new_token is None:
-        raise ValueError("decode_layer needs the new token's k/v (new_token)")
-    att = decode_launch(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window,
-                        max_seq_len=max_seq_len, new_token=new_token)  # fmt: skip
-    if att.partials is not None:  # more (sequence, KV head) pairs than the in-kernel merge counts
-        raise ValueError("decode_layer merges the attention's splits in-kernel only")
-    a = att.out.view(q.shape[0], -1)
-    _check_tail(a, residual, w)
-    residual = residual.contiguous()
-    interp, cfg, fused = _mode(a, config, fused, "layer")
-    tail = _tail_launch(a, residual, w, interp)
-    attn_args = att.args[:3] + att.args[4:]  # without out_ptr: the kernel writes the tail's input a
-    items_b = att.items[0]
-
-    def launch(c: TailConfig):
-        programs, args, consts = tail.launch(c)
-        es = a.element_size()  # stage 1's and 2's slices too (L2_PREFETCH): (R1, A) and (R2, H)
-        first = dict(
-            LINES1=pf.lanes(consts["R1"] * consts["A"], es), LINES2=pf.lanes(consts["R2"] * consts["H"], es)
-        )
-        return programs, (*attn_args, items_b, *args), att.consts | consts | first
-
-    if not fused:
-        programs, args, consts = launch(cfg)
-        _decode_layer_kernel[(programs,)](*args, **(consts | {"LAST": 0}), FIRST=1)
-        return decode_layer_tail(a, residual, w, config, fused=False)
-    extra = _cooperative()
-    if a.device.type == "cuda":
-        key = (a.device.index, a.dtype, cfg, tail.key, tuple(att.consts.items()))
-        cfg = _resident(_decode_layer_kernel, key, cfg, launch, extra)
-    programs, args, consts = launch(cfg)
-    _decode_layer_kernel[(programs,)](*args, FIRST=1, **consts, **extra)
     return tail.result
 
 

@@ -335,64 +335,6 @@ def decode_layer_tail(
     return add_rms_norm_linear(y, residual, w.norm1_next, w.eps1_next, w.qkv_next, w.qkv_next_bias)
 
 
-# At decode batch 1 the attention launch asks L2 for the o_proj and gate_up weights the one-launch tail
-# reads first (kernels.prefetch), so DRAM streams them while the latency-bound attention runs. Prepared,
-# not yet timed on a GPU.
-ATTENTION_PREFETCH_TAIL = False
-
-
-def tail_prefetch(x: torch.Tensor, w: ref.TailWeights) -> tuple[torch.Tensor, ...]:
-    """What the decode attention before decode_layer_tail(x-sized batch, w) should ask L2 for: the
-    fused tail's first two weights when it runs (ATTENTION_PREFETCH_TAIL), else nothing."""
-    return (w.o, w.gate_up) if ATTENTION_PREFETCH_TAIL and _tail_fused(x, w) else ()
-
-
-DECODE_LAYER = False  # measured slower (README): decode attention + the tail in one launch
-
-
-def decode_layer(
-    qkv: torch.Tensor,  # (1, (num_heads + 2 * num_kv_heads) * head_dim): this layer's projected input
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    q_norm_weight: torch.Tensor | None,
-    k_norm_weight: torch.Tensor | None,
-    eps: float,
-    positions: torch.Tensor,  # (1,)
-    cos_sin: torch.Tensor,  # (max_positions, head_dim) float32
-    kv_cache: tuple[torch.Tensor, torch.Tensor],
-    slot_mapping: torch.Tensor,  # (1,)
-    block_tables: torch.Tensor,  # (1, max_blocks) int32
-    seq_lens: torch.Tensor,  # (1,) int32
-    max_seq_len: int | None,
-    scale: float,
-    sliding_window: int | None,
-    residual: torch.Tensor,  # (1, hidden)
-    w: ref.TailWeights,
-) -> tuple[torch.Tensor, torch.Tensor] | None:  # as decode_layer_tail; None: not taken here
-    """A whole decode layer at batch 1 from its qkv in one launch (kernels.decode_tail.decode_layer:
-    the fused decode attention as stage 0 of the tail's kernel) when DECODE_LAYER is on and it applies;
-    None otherwise, and the caller runs the attention and decode_layer_tail."""
-    if not (DECODE_LAYER and _tail_fused(qkv, w) and qkv.shape[0] == 1 and residual.dtype == qkv.dtype):
-        return None
-    weights = _qk_norm_weights(qkv, q_norm_weight, k_norm_weight)
-    if weights is None or weights[0] is None:
-        return None
-    from kernels import decode_tail
-    from kernels.paged_attention import NewTokenQK
-
-    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
-    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-    new = NewTokenQK(
-        k.view(1, num_kv_heads, head_dim), v.view(1, num_kv_heads, head_dim), weights[0], weights[1], eps,
-        positions, cos_sin.contiguous(), slot_mapping,
-    )  # fmt: skip
-    return decode_tail.decode_layer(
-        q.view(1, num_heads, head_dim), kv_cache[0], kv_cache[1], block_tables, seq_lens, scale, new,
-        residual, w, sliding_window, max_seq_len,
-    )  # fmt: skip
-
-
 def sample_tokens(
     logits: torch.Tensor,  # (batch, vocab)
     temperatures: torch.Tensor,  # (batch,) float32; 0 = greedy
@@ -443,11 +385,9 @@ def qk_norm_rope_decode_attention(
     sliding_window: int | None = None,
     *,
     max_seq_len: int | None = None,
-    prefetch: tuple[torch.Tensor, ...] = (),
 ) -> torch.Tensor:  # (batch, num_heads, head_dim)
     """qk_norm_rope_store_kv + decode_attention of a decode-only batch; on CUDA one launch, which
-    leaves q and k as they are (the two-step path rotates them in place). `prefetch`: tensors the next
-    kernels read, asked of L2 by that launch (kernels.paged_attention.paged_decode_attention)."""
+    leaves q and k as they are (the two-step path rotates them in place)."""
     weights = _qk_norm_weights(q, q_norm_weight, k_norm_weight)
     if not use_triton(q) or weights is None or k.stride(1) != k.shape[-1] or v.stride(1) != v.shape[-1]:
         q, _ = qk_norm_rope_store_kv(
@@ -462,5 +402,5 @@ def qk_norm_rope_decode_attention(
     new = NewTokenQK(k, v, q_norm_weight, k_norm_weight, eps, positions, cos_sin.contiguous(), slot_mapping)
     return paged_decode_attention(
         q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, max_seq_len=max_seq_len,
-        new_token=new, prefetch=prefetch,
+        new_token=new,
     )  # fmt: skip

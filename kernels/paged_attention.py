@@ -15,9 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import prefetch as pf
 from kernels._jit import arrival_counters, is_interpreting, kernel, next_pow2
-from kernels.prefetch import prefetch_l2
 
 LOG2E = 1.4426950408889634
 
@@ -231,8 +229,7 @@ def _decode_item(
     DOT_PREC: tl.constexpr,
     ONE_LOOP: tl.constexpr,  # every tile through one masked loop (DECODE_ONE_LOOP)
 ):
-    """One (sequence, KV head, split) of the decode kernel; also run as stage 0 of
-    kernels.decode_tail's layer kernel."""
+    """One (sequence, KV head, split) of the decode kernel."""
     ctx = tl.load(seq_lens_ptr + b)
     lo = 0
     if HAS_WINDOW:
@@ -389,21 +386,7 @@ def _decode_kernel(
     FUSED_REDUCE: tl.constexpr,  # the last split of each (sequence, KV head) to finish merges them all
     DOT_PREC: tl.constexpr,
     ONE_LOOP: tl.constexpr,  # every tile through one masked loop (DECODE_ONE_LOOP)
-    pf0_ptr,  # PF_LANES0 > 0: a buffer (pf0_numel elements) later kernels read, asked of L2 meanwhile,
-    pf0_numel,  # pf0_per elements per program
-    pf0_per,
-    pf1_ptr,
-    pf1_numel,
-    pf1_per,
-    PF_LANES0: tl.constexpr,  # lanes per program (>= its lines); 0: no prefetch
-    PF_LANES1: tl.constexpr,
 ):
-    if PF_LANES0 > 0:  # first, so DRAM streams them during the whole attention
-        seq_head = tl.program_id(0) * NUM_KV_HEADS + tl.program_id(1)
-        pid = (seq_head * NUM_SPLITS + tl.program_id(2)).to(tl.int64)
-        prefetch_l2(pf0_ptr, pid * pf0_per, tl.minimum(pf0_numel - pid * pf0_per, pf0_per), PF_LANES0)
-        if PF_LANES1 > 0:
-            prefetch_l2(pf1_ptr, pid * pf1_per, tl.minimum(pf1_numel - pid * pf1_per, pf1_per), PF_LANES1)
     _decode_item(
         tl.program_id(0), tl.program_id(1), tl.program_id(2), q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
         part_out_ptr, part_lse_ptr, block_tables_ptr, seq_lens_ptr, alibi_ptr, k_new_ptr, v_new_ptr,
@@ -686,7 +669,6 @@ def paged_decode_attention(
     num_splits: int | None = None,
     new_token: NewTokenQK | None = None,
     fused_reduce: bool = True,
-    prefetch: tuple[torch.Tensor, ...] = (),
 ) -> torch.Tensor:  # (batch, num_heads, head_dim)
     """Split-K decode: grid (batch, num_kv_heads, num_splits); one program handles all query heads of one
     KV head over one contiguous slice of the context; the splits are merged by their log-sum-exp, by
@@ -696,10 +678,6 @@ def paged_decode_attention(
     `new_token`: q is the new token's raw q (a view of the qkv output) and the kernel first applies
     the q/k norm and RoPE and writes the new K/V into the cache, exactly as qk_norm_rope_store_kv
     would (one launch where there were two; q itself is left as it is).
-
-    `prefetch`: up to two contiguous tensors the next kernels read first (the layer tail's weights):
-    every program asks L2 for a share of them before its own work (kernels.prefetch), so DRAM streams
-    them while this latency-bound launch runs. Ignored in the interpreter.
 
     CUDA-graph safe: no host sync and no data-dependent allocation. The split count is a python int:
     `num_splits` if given, else chosen from `max_seq_len` (a python int upper bound, used only for this
@@ -713,9 +691,8 @@ def paged_decode_attention(
     b, hk, num_splits = launch.items
     if b == 0:
         return launch.out
-    pf_args = _prefetch_args(q, prefetch, b * hk * num_splits)
     _decode_kernel[launch.items](
-        *launch.args, **launch.consts, **pf_args, num_warps=launch.warps, num_stages=launch.stages
+        *launch.args, **launch.consts, num_warps=launch.warps, num_stages=launch.stages
     )
     if launch.partials is not None:  # the splits merged by a second launch
         out, (part_out, part_lse) = launch.out, launch.partials
@@ -728,27 +705,8 @@ def paged_decode_attention(
     return launch.out
 
 
-def _prefetch_args(q: torch.Tensor, tensors: tuple[torch.Tensor, ...], programs: int) -> dict:
-    """_decode_kernel's prefetch arguments (by name): each of `programs` programs asks for its share of
-    each non-empty tensor, in the kernel's slots 0 then 1."""
-    if len(tensors) > 2:
-        raise ValueError("prefetch takes up to two tensors")
-    if any(not t.is_contiguous() or t.device != q.device for t in tensors):
-        raise ValueError("prefetch tensors must be contiguous and on q's device")
-    live = [] if is_interpreting(q) else [t for t in tensors if t.numel()]  # no inline PTX interpreted
-    args: dict = {}
-    for i in range(2):
-        t = live[i] if i < len(live) else None
-        per, lanes = pf.share(t.numel(), t.element_size(), programs) if t is not None else (0, 0)
-        numel = t.numel() if t is not None else 0
-        args |= {f"pf{i}_ptr": t if t is not None else q, f"pf{i}_numel": numel, f"pf{i}_per": per}
-        args[f"PF_LANES{i}"] = lanes
-    return args
-
-
 class DecodeLaunch(NamedTuple):
-    """One decode-attention launch, validated and with its buffers: what _decode_kernel takes (or a
-    kernel that runs its programs itself, kernels.decode_tail's layer kernel)."""
+    """One decode-attention launch, validated and with its buffers: what _decode_kernel takes."""
 
     args: tuple
     consts: dict

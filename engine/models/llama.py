@@ -71,13 +71,12 @@ class Attention(nn.Module):
         cos_sin: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
-        prefetch: tuple[torch.Tensor, ...] = (),  # weights the next kernels read (engine.attention)
     ) -> torch.Tensor:  # (num_tokens, q_size): the attention output, before o_proj
         return attention_block(
             qkv, self.num_heads, self.num_kv_heads, self.head_dim,
             self.q_norm.weight if self.qk_norm else None, self.k_norm.weight if self.qk_norm else None,
             self.q_norm.eps if self.qk_norm else 0.0, positions, cos_sin, kv_cache, meta, self.scale,
-            self.sliding_window, prefetch,
+            self.sliding_window,
         )  # fmt: skip
 
 
@@ -141,19 +140,7 @@ class DecoderLayer(nn.Module):
         output, residual) for the last layer. Each (residual add +) RMSNorm runs inside the projection
         that reads it, and at decode batch 1 the whole tail from o_proj to the next layer's qkv is one
         launch (ops.decode_layer_tail)."""
-        attn = self.self_attn
-        if ops.DECODE_LAYER and meta.prefill_block_tables is None:  # maybe the whole layer in one launch
-            done = ops.decode_layer(
-                qkv, attn.num_heads, attn.num_kv_heads, attn.head_dim,
-                attn.q_norm.weight if attn.qk_norm else None, attn.k_norm.weight if attn.qk_norm else None,
-                attn.q_norm.eps if attn.qk_norm else 0.0, positions, cos_sin, kv_cache, meta.slot_mapping,
-                meta.decode_block_tables, meta.decode_seq_lens, meta.decode_max_seq_len or None, attn.scale,
-                attn.sliding_window, residual, tail,
-            )  # fmt: skip
-            if done is not None:
-                return done
-        prefetch = ops.tail_prefetch(qkv, tail)  # (only a decode-only step's attention takes it)
-        a = attn.attend(qkv, positions, cos_sin, kv_cache, meta, prefetch)  # (num_tokens, q_size)
+        a = self.self_attn.attend(qkv, positions, cos_sin, kv_cache, meta)  # (num_tokens, q_size)
         return ops.decode_layer_tail(a, residual, tail)
 
 

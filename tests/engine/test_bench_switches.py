@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from engine import bench, bench_switches
-from kernels import decode_tail, dispatch, paged_attention
+from kernels import dispatch, paged_attention
 
 
 def test_parse():
-    parsed = bench_switches.parse("kernels.dispatch.DECODE_LAYER=True")
-    assert parsed == ("kernels.dispatch", "DECODE_LAYER", True)
+    parsed = bench_switches.parse("kernels.dispatch.DECODE_TAIL=False")
+    assert parsed == ("kernels.dispatch", "DECODE_TAIL", False)
     assert bench_switches.parse(" kernels.paged_attention.MID_BATCH_SPLITS = 2") == (
         "kernels.paged_attention", "MID_BATCH_SPLITS", 2,
     )  # fmt: skip
@@ -19,14 +19,14 @@ def test_parse():
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("DECODE_LAYER=True", "module.NAME=value"),
-        ("kernels.dispatch.DECODE_LAYER", "module.NAME=value"),
+        ("DECODE_TAIL=False", "module.NAME=value"),
+        ("kernels.dispatch.DECODE_TAIL", "module.NAME=value"),
         ("os.SEP='x'", "only switches of"),
         ("kernels.dispatch.use_triton=1", "UPPER_CASE"),
-        ("kernels.dispatch.DECODE_LAYER=yes", "Python literal"),
+        ("kernels.dispatch.DECODE_TAIL=yes", "Python literal"),
         ("kernels.nope.X=1", "no module"),
-        ("kernels.dispatch.DECODE_LAYR=True", "has no DECODE_LAYR"),
-        ("kernels.dispatch.DECODE_LAYER=1", "holds a bool, got a int"),
+        ("kernels.dispatch.DECODE_TAL=False", "has no DECODE_TAL"),
+        ("kernels.dispatch.DECODE_TAIL=1", "holds a bool, got a int"),
     ],
 )
 def test_refusals(spec, message):
@@ -35,20 +35,24 @@ def test_refusals(spec, message):
 
 
 def test_apply_sets_all_or_nothing(monkeypatch):
-    monkeypatch.setattr(dispatch, "DECODE_LAYER", False)
-    monkeypatch.setattr(decode_tail, "L2_PREFETCH", False)
+    monkeypatch.setattr(dispatch, "DECODE_TAIL", True)
+    monkeypatch.setattr(paged_attention, "DECODE_ONE_LOOP", True)
     monkeypatch.setattr(paged_attention, "MID_BATCH_SPLITS", 1)
+    bad = ["kernels.dispatch.DECODE_TAIL=False", "kernels.paged_attention.DECODE_ONE_LOOP=2"]
     with pytest.raises(ValueError):  # the second is wrong: the first is not set either
-        bench_switches.apply(["kernels.dispatch.DECODE_LAYER=True", "kernels.decode_tail.L2_PREFETCH=2"])
-    assert dispatch.DECODE_LAYER is False
-    specs = ["kernels.decode_tail.L2_PREFETCH=True", "kernels.paged_attention.MID_BATCH_SPLITS=2"]
+        bench_switches.apply(bad)
+    assert dispatch.DECODE_TAIL is True
+    specs = ["kernels.paged_attention.DECODE_ONE_LOOP=False", "kernels.paged_attention.MID_BATCH_SPLITS=2"]
     done = bench_switches.apply(specs)
-    assert done == {"kernels.decode_tail.L2_PREFETCH": True, "kernels.paged_attention.MID_BATCH_SPLITS": 2}
-    assert decode_tail.L2_PREFETCH is True and paged_attention.MID_BATCH_SPLITS == 2
+    assert done == {
+        "kernels.paged_attention.DECODE_ONE_LOOP": False,
+        "kernels.paged_attention.MID_BATCH_SPLITS": 2,
+    }
+    assert paged_attention.DECODE_ONE_LOOP is False and paged_attention.MID_BATCH_SPLITS == 2
 
 
 def test_bench_refuses_a_bad_switch_before_running(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        bench.main(["--workload", "w3", "--set", "kernels.dispatch.DECODE_LAYR=True"])
+        bench.main(["--workload", "w3", "--set", "kernels.dispatch.DECODE_TAL=False"])
     assert exit_info.value.code == 2
-    assert "has no DECODE_LAYR" in capsys.readouterr().err
+    assert "has no DECODE_TAL" in capsys.readouterr().err

@@ -103,44 +103,6 @@ def test_rejects_bad_new_token():
         paged_decode_attention(q, kc, vc, bt, sl, SCALE, new_token=bad)
 
 
-def test_prefetch_is_ignored_in_the_interpreter_and_checked():
-    case = _case(torch.float32, [40, 7])
-    weights = (torch.randn(64, 16), torch.randn(96, 16))
-    plain, kc1, vc1 = _fused(*case)
-    fetched, kc2, vc2 = _fused(*case, prefetch=weights)
-    assert torch.equal(plain, fetched) and torch.equal(kc1, kc2) and torch.equal(vc1, vc2)
-    with pytest.raises(ValueError, match="up to two"):
-        _fused(*case, prefetch=weights + weights[:1])
-    with pytest.raises(ValueError, match="contiguous"):
-        _fused(*case, prefetch=(weights[0].t(),))
-
-
-def test_prefetch_shares():
-    from kernels import prefetch as pf
-
-    # 64 elements of 2 bytes per 128-byte line: 12,582,912 elements (gate_up) over 256 programs
-    assert pf.share(6144 * 1024 * 2 // 2, 2, 256) == (384 * 64, 512)
-    assert pf.share(100, 4, 3) == (64, 2)  # 4 lines of 32 fp32 over 3 programs: 2 lines each
-    assert pf.share(100, 4, 1000) == (32, 1)
-    args = paged_attention._prefetch_args(torch.zeros(1), (torch.zeros(8),), 4)
-    assert args["PF_LANES0"] == args["PF_LANES1"] == args["pf0_numel"] == 0  # CPU: interpreted
-    from kernels._jit import record_launches
-
-    w = torch.zeros(4096)
-    with record_launches():  # as when compiling for a GPU: the arguments a launch there gets
-        args = paged_attention._prefetch_args(torch.zeros(1), (torch.zeros(0), w), 4)
-    assert args["pf0_ptr"] is w and (args["pf0_numel"], args["pf0_per"]) == (4096, 1024)  # moved up
-    assert (args["PF_LANES0"], args["PF_LANES1"], args["pf1_numel"]) == (32, 0, 0)
-
-
-def test_tail_prefetch_stays_off_on_the_cpu(monkeypatch):
-    from kernels import dispatch
-
-    w = ref.TailWeights(*([torch.zeros(2, 2)] + [None] * 11))
-    monkeypatch.setattr(dispatch, "ATTENTION_PREFETCH_TAIL", True)
-    assert dispatch.tail_prefetch(torch.zeros(1, 4), w) == ()
-
-
 def _gpu_case(ctx):
     return _case(torch.bfloat16, ctx, "cuda", h=16, hk=8, d=128)
 
@@ -162,21 +124,6 @@ def test_gpu_fused_equals_two_launches(ctx):
     want = paged_decode_attention(qr, kc2, vc2, bt, sl, scale, fused_reduce=False)
     assert torch.equal(vc1, vc2) and max_err(kc1, kc2) < GPU_ATOL[torch.bfloat16]
     assert max_err(got, want) < GPU_ATOL[torch.bfloat16]
-
-
-@gpu
-def test_gpu_prefetch_changes_nothing():
-    case = _gpu_case([300, 1, 1500, 17])
-    weights = tuple(torch.randn(n, 1024, device="cuda").to(torch.bfloat16) for n in (1024, 6144))
-    plain, kc1, vc1 = _fused_scaled(*case)
-    fetched, kc2, vc2 = _fused_scaled(*case, prefetch=weights)
-    assert torch.equal(plain, fetched) and torch.equal(kc1, kc2) and torch.equal(vc1, vc2)
-
-
-def _fused_scaled(q, k, v, wq, wk, pos, cs, kc, vc, bt, sl, slots, **kw):
-    kc, vc = kc.clone(), vc.clone()
-    nt = NewTokenQK(k, v, wq, wk, 1e-6, pos, cs, slots)
-    return paged_decode_attention(q, kc, vc, bt, sl, 128**-0.5, new_token=nt, **kw), kc, vc
 
 
 @gpu
