@@ -82,11 +82,21 @@ class _TokenGraphs:
 
 
 class DecodeGraphs(_TokenGraphs):
+    """The static inputs sit in two buffers that a step's prepare fills with one host-to-device copy
+    each (ModelRunner.prepare): int64 [ids | positions | slots] (n each, n the largest size; the padding
+    rows' slots -1) followed by the step's in-flight token indices and sample rows, and int32 [lengths
+    (n; padding rows 0) | the step's block-table rows], which run() copies into the graph's table."""
+
     def __init__(self, model, kv_caches, sizes: list[int], max_blocks: int, device: torch.device) -> None:
         super().__init__(model, kv_caches, sizes, device)
         n = self.sizes[-1]
+        self.max_blocks = max_blocks
+        self.inputs64 = torch.zeros(6 * n, dtype=torch.int64, device=device)
+        self.input_ids, self.positions, self.slot_mapping = self.inputs64[: 3 * n].view(3, n)
+        self.slot_mapping.fill_(-1)
+        self.inputs32 = torch.zeros(n + n * max_blocks, dtype=torch.int32, device=device)
+        self.seq_lens = self.inputs32[:n]
         self.block_tables = torch.zeros((n, max_blocks), dtype=torch.int32, device=device)
-        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
         self.graphs = capture_ladder(self.sizes, self._forward, "capturing CUDA graphs")
 
     def _forward(self, bs: int) -> torch.Tensor:
@@ -111,20 +121,31 @@ class DecodeGraphs(_TokenGraphs):
         out = self.graphs[size][1]
         return out if out.data_ptr() == logits.data_ptr() and out.stride() == logits.stride() else None
 
-    def run(
+    def load(
         self,
         input_ids: torch.Tensor,  # (bs,)
         positions: torch.Tensor,  # (bs,)
         slot_mapping: torch.Tensor,  # (bs,)
-        block_tables: torch.Tensor,  # (bs, width) int32
         seq_lens: torch.Tensor,  # (bs,) int32
-    ) -> torch.Tensor:  # (bs, vocab) logits in the model dtype (a view of the graph's output)
+    ) -> None:
+        """Copies a step's tensors into the static inputs (a step not prepared in place), the padding
+        rows up to the graph's size writing no K/V and attending to nothing."""
         bs = input_ids.shape[0]
         size = self._load_tokens(input_ids, positions, slot_mapping)
-        self.block_tables[:bs, : block_tables.shape[1]].copy_(block_tables)
         self.seq_lens[:bs].copy_(seq_lens)
         if size > bs:
             self.seq_lens[bs:size].fill_(0)
+
+    def run(
+        self,
+        bs: int,
+        block_tables: torch.Tensor,  # (bs, width) int32: the step's rows (a view of inputs32)
+    ) -> torch.Tensor:  # (bs, vocab) logits in the model dtype (a view of the graph's output)
+        """Replays the graph of the size bs pads to, its static inputs already loaded (by prepare, or
+        load)."""
+        size = self.padded_size(bs)
+        assert size is not None
+        self.block_tables[:bs, : block_tables.shape[1]].copy_(block_tables)
         graph, logits = self.graphs[size]
         graph.replay()
         return logits[:bs]

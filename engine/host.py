@@ -32,14 +32,24 @@ class Staging:
         self.events: list[torch.cuda.Event | None] = [None] * sets
         self.turn = 0
 
-    def upload(self, parts: dict[torch.dtype, list[np.ndarray]]) -> dict[torch.dtype, torch.Tensor]:
-        """{dtype: arrays} -> {dtype: the arrays concatenated, on the device} (dtypes with data only)."""
+    def upload(
+        self,
+        parts: dict[torch.dtype, list[np.ndarray]],
+        into: dict[torch.dtype, torch.Tensor] | None = None,
+    ) -> dict[torch.dtype, torch.Tensor]:
+        """{dtype: arrays} -> {dtype: the arrays concatenated, on the device} (dtypes with data only).
+        `into`: device buffers (one per dtype, large enough) that receive them, from their start; the
+        result is then views of them."""
         if not self.pinned:
-            return {
+            out = {
                 dt: torch.from_numpy(np.concatenate(arrays).astype(_NUMPY[dt], copy=False))
                 for dt, arrays in parts.items()
                 if sum(a.size for a in arrays)
             }
+            if into is not None:
+                for dt, t in out.items():
+                    out[dt] = into[dt][: t.numel()].copy_(t)
+            return out
         i = self.turn
         self.turn = (i + 1) % len(self.buffers)
         event = self.events[i]
@@ -56,7 +66,10 @@ class Staging:
                 buf = torch.empty(size, dtype=dt, pin_memory=True)
                 held = self.buffers[i][dt] = (buf, buf.numpy())
             np.concatenate(arrays, out=held[1][:n])
-            out[dt] = held[0][:n].to(self.device, non_blocking=True)
+            if into is not None:
+                out[dt] = into[dt][:n].copy_(held[0][:n], non_blocking=True)
+            else:
+                out[dt] = held[0][:n].to(self.device, non_blocking=True)
         if event is None:
             event = self.events[i] = torch.cuda.Event()
         event.record()

@@ -64,7 +64,8 @@ def test_padded_size():
 
 def test_graph_inputs_are_loaded_and_padded(monkeypatch):
     # run() copies a step's inputs into the captured graph's static buffers: the padding rows/tokens
-    # up to the captured size write no K/V (slot -1) and decode rows attend to nothing (length 0)
+    # up to the captured size write no K/V (slot -1) and decode rows attend to nothing (length 0);
+    # a decode step's tokens and lengths are already there (prepare), run() adds the block tables
     replays = []
 
     class Graph(_Graph):
@@ -84,14 +85,19 @@ def test_graph_inputs_are_loaded_and_padded(monkeypatch):
 
     cpu = torch.device("cpu")
     dec = cuda_graphs.DecodeGraphs(Model(), [], [1, 4], 6, cpu)
+    # the static inputs are views of two buffers that prepare fills (tests/engine/test_prepare.py)
+    assert dec.slot_mapping.tolist() == [-1] * 4 and dec.input_ids.data_ptr() == dec.inputs64.data_ptr()
+    assert dec.seq_lens.data_ptr() == dec.inputs32.data_ptr() and dec.inputs32.numel() == 4 + 4 * 6
+    logits = dec.run(3, torch.ones((3, 2), dtype=torch.int32))  # padded to the graph of 4
+    assert logits.shape == (3, 10) and replays == [dec.graphs[4][0].name]
+    assert dec.block_tables[:3, :2].tolist() == [[1, 1]] * 3 and dec.block_tables[3].tolist() == [0] * 6
+    # a step not prepared in place (model_runner.GRAPH_INPUTS_IN_PLACE off) is copied in by load()
     dec.slot_mapping.fill_(99)
     dec.seq_lens.fill_(99)
     ids = torch.tensor([5, 6, 7])
-    logits = dec.run(ids, ids + 10, ids + 20, torch.ones((3, 2), dtype=torch.int32), ids.int())
-    assert logits.shape == (3, 10) and len(replays) == 1
+    dec.load(ids, ids + 10, ids + 20, ids.int())
     assert dec.input_ids[:3].tolist() == [5, 6, 7] and dec.positions[:3].tolist() == [15, 16, 17]
-    assert dec.slot_mapping.tolist() == [25, 26, 27, -1]
-    assert dec.seq_lens.tolist() == [5, 6, 7, 0] and dec.block_tables[:3, :2].tolist() == [[1, 1]] * 3
+    assert dec.slot_mapping.tolist() == [25, 26, 27, -1] and dec.seq_lens.tolist() == [5, 6, 7, 0]
     # the sampler replays its graph on the whole buffer that run() returned the leading rows of
     assert dec.static_output(logits) is dec.graphs[4][1]
     assert dec.static_output(logits.clone()) is None and dec.static_output(torch.zeros(9, 10)) is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from engine.block_manager import BlockManager
@@ -54,11 +55,44 @@ def expected(batch, bs: int, pending: torch.Tensor | None) -> dict:
     return out
 
 
-def test_prepare_matches_the_per_token_rule():
+def graph_runner(block_size: int, max_num_seqs: int, monkeypatch) -> ModelRunner:
+    """bare_runner with decode graphs for batch sizes 1, 2 and 4 (CUDA's graph API stubbed: replay
+    does nothing), so prepare writes decode-only steps into their static buffers."""
+    import contextlib
+
+    from engine import cuda_graphs
+
+    class Graph:
+        def pool(self):
+            return None
+
+        def replay(self):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    class Model:
+        def __call__(self, ids, positions, kv_caches, meta):
+            return torch.zeros(ids.shape[0], 4)
+
+        def compute_logits(self, hidden):
+            return torch.zeros(hidden.shape[0], 10)
+
+    runner = bare_runner(block_size, max_num_seqs)
+    runner.graphs = cuda_graphs.DecodeGraphs(Model(), [], [1, 2, 4], 16, torch.device("cpu"))
+    return runner
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_prepare_matches_the_per_token_rule(graphs, monkeypatch):
+    """With decode graphs, decode-only batches they take are prepared into their static buffers."""
     rng = random.Random(0)
     bs = 4
     sched = Scheduler(BlockManager(num_blocks=40, block_size=bs), max_num_seqs=8, max_num_batched_tokens=24)
-    runner = bare_runner(bs, 8)
+    runner = graph_runner(bs, 8, monkeypatch) if graphs else bare_runner(bs, 8)
+    in_graph = 0
     sampled: torch.Tensor | None = None  # the previous step's sampled ids
     inflight: list[tuple[Sequence, int, int]] = []  # (seq, position, row in sampled)
     steps = 0
@@ -71,7 +105,17 @@ def test_prepare_matches_the_per_token_rule():
             continue
         steps += 1
         want = expected(batch, bs, sampled)
-        ids, pos, meta, rows_t, sampling, _ = runner.prepare(batch, sampled)
+        step_inputs = runner.prepare(batch, sampled)
+        ids, pos, meta, rows_t, sampling = step_inputs[:5]
+        if step_inputs.in_graph:  # a decode-only batch of <= 4: the graph's buffers, padded to 4
+            in_graph += 1
+            g, nd = runner.graphs, len(batch.seqs)
+            assert ids.data_ptr() == g.input_ids.data_ptr() and meta.num_decodes == nd
+            assert g.slot_mapping[nd:].tolist() == [-1] * (4 - nd)
+            assert g.seq_lens[nd:].tolist() == [0] * (4 - nd)
+            assert meta.decode_seq_lens.data_ptr() == g.seq_lens.data_ptr()
+            runner.graphs.run(nd, meta.decode_block_tables)
+            assert g.block_tables[:nd, : meta.decode_block_tables.shape[1]].tolist() == want["dec_table"]
         assert ids.tolist() == want["ids"] and pos.tolist() == want["pos"]
         assert meta.slot_mapping.tolist() == want["slots"]
         assert rows_t.tolist() == want["rows"]
@@ -120,6 +164,7 @@ def test_prepare_matches_the_per_token_rule():
         sampled, inflight = new, launched
     assert steps > 100
     assert sched.num_preemptions > 0  # the pool is small: tables were freed and built again
+    assert (in_graph > 50) == graphs
 
 
 def test_a_prefill_chunk_ending_in_a_token_in_flight_is_patched():
@@ -132,7 +177,7 @@ def test_a_prefill_chunk_ending_in_a_token_in_flight_is_patched():
     for s in (a, b):
         sched.add(s)
     batch = sched.schedule()
-    ids, _, meta, rows, _, _ = bare_runner(bs, 4).prepare(batch, torch.tensor([100, 101, 102]))
+    ids, _, meta, rows, _, _, _ = bare_runner(bs, 4).prepare(batch, torch.tensor([100, 101, 102]))
     assert ids.tolist() == [5, 6, 7, 8, 9, 10, 11, 12, 102]
     # deferred: the in-flight token is filled in later (the previous step's sampling launches between)
     from engine.model_runner import _fill_pending
