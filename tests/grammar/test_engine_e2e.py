@@ -70,6 +70,8 @@ def test_g1_bench_smoke(llm):
     r = run_g1(llm, n_requests=4, prompt_len=16, max_tokens=128, repeats=2, out=lines.append)
     assert r["valid"] == 4 and r["complete"] == 4
     assert len(r["ratios"]) == 2 and r["ratio"] in r["ratios"]
+    assert len(r["pair_tokens"]) == 2 and r["output_tokens"] in r["pair_tokens"]
+    assert any(f"({r['pair_tokens'][0]} tokens)" in line for line in lines)
     assert r["mask_us_per_token"] > 0 and r["compile_ms"] > 0
     assert any("ratio" in line for line in lines)
 
