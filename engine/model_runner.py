@@ -21,8 +21,8 @@ log = logging.getLogger("chatloom.engine")
 _NONE = np.zeros(0, dtype=np.int64)
 # A decode step that a captured graph runs is prepared straight into the graph's static buffers (two
 # host-to-device copies, no device-side copies of ids, positions, slots and lengths before the replay).
-# H200 W3: 1,190 / 1,189 tok/s against 1,158 earlier the same day on another machine; False: the step's
-# tensors are uploaded apart and DecodeGraphs.load copies them in.
+# H200 W3: 1,190 tok/s against 1,176 with it off in one machine session. False: the step's tensors are
+# uploaded apart and DecodeGraphs.load copies them in.
 GRAPH_INPUTS_IN_PLACE = True
 
 
