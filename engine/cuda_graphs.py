@@ -52,16 +52,17 @@ def default_sizes(max_num_seqs: int) -> list[int]:
 
 class _TokenGraphs:
     """What both kinds share: a ladder of sizes and the static token inputs (ids, positions, K/V
-    slots) of the largest, loaded for a step with the padding tokens' slots set to -1."""
+    slots) of the largest, loaded for a step with the padding tokens' slots set to -1. They are the
+    first 3n entries of one int64 buffer of (3 + extra) * n (extra: room a subclass uses after them)."""
 
-    def __init__(self, model, kv_caches, sizes: list[int], device: torch.device) -> None:
+    def __init__(self, model, kv_caches, sizes: list[int], device: torch.device, extra: int = 0) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.sizes = sorted(sizes)
         n = self.sizes[-1]
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
+        self.inputs64 = torch.zeros((3 + extra) * n, dtype=torch.int64, device=device)
+        self.input_ids, self.positions, self.slot_mapping = self.inputs64[: 3 * n].view(3, n)
+        self.slot_mapping.fill_(-1)
 
     def padded_size(self, n: int) -> int | None:
         return padded_size(self.sizes, n)
@@ -88,12 +89,8 @@ class DecodeGraphs(_TokenGraphs):
     (n; padding rows 0) | the step's block-table rows], which run() copies into the graph's table."""
 
     def __init__(self, model, kv_caches, sizes: list[int], max_blocks: int, device: torch.device) -> None:
-        super().__init__(model, kv_caches, sizes, device)
+        super().__init__(model, kv_caches, sizes, device, extra=3)  # in-flight index pairs, sample rows
         n = self.sizes[-1]
-        self.max_blocks = max_blocks
-        self.inputs64 = torch.zeros(6 * n, dtype=torch.int64, device=device)
-        self.input_ids, self.positions, self.slot_mapping = self.inputs64[: 3 * n].view(3, n)
-        self.slot_mapping.fill_(-1)
         self.inputs32 = torch.zeros(n + n * max_blocks, dtype=torch.int32, device=device)
         self.seq_lens = self.inputs32[:n]
         self.block_tables = torch.zeros((n, max_blocks), dtype=torch.int32, device=device)

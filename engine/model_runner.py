@@ -107,8 +107,7 @@ class ModelRunner:
         d_slots = table[rows[:nd], d_pos // bs].astype(np.int64) * bs + d_pos % bs
         pend_at = np.flatnonzero(d_ids == PENDING)  # batch positions whose token is still on the device
         pend_rows = np.array([dec[i].pending_row for i in pend_at.tolist()], dtype=np.int64)
-        graph = not pre and nd and self.graphs is not None and self.graphs.padded_size(nd) is not None
-        if graph and GRAPH_INPUTS_IN_PLACE:
+        if GRAPH_INPUTS_IN_PLACE and self._decode_graph_takes(len(seqs), bool(pre)):
             tables = table[rows, : int(num_blocks.max())]  # (nd, width)
             graph_step = (d_ids, d_pos, d_slots, pend_at, pend_rows, tables)
             return self._prepare_graph_step(*graph_step, pending, defer_pending)
@@ -180,6 +179,16 @@ class ModelRunner:
             _fill_pending(step, pending)
         return step
 
+    def _decode_graph_takes(self, num_seqs: int, has_prefill: bool) -> bool:
+        """Whether a step of num_seqs sequences replays a captured decode graph: decode-only, within
+        the ladder."""
+        return (
+            self.graphs is not None
+            and not has_prefill
+            and num_seqs > 0
+            and self.graphs.padded_size(num_seqs) is not None
+        )
+
     def _prepare_graph_step(
         self,
         ids: np.ndarray,  # (nd,) int64: the decodes' tokens (PENDING where still on the device)
@@ -248,7 +257,7 @@ class ModelRunner:
         bs = len(batch.seqs)
         if step.in_graph:  # its inputs are the decode graph's static buffers already
             return self.graphs.run(bs, meta.decode_block_tables), step.sampling
-        if self.graphs is not None and meta.prefill_block_tables is None and self.graphs.padded_size(bs):
+        if self._decode_graph_takes(bs, meta.prefill_block_tables is not None):
             self.graphs.load(input_ids, positions, meta.slot_mapping, meta.decode_seq_lens)
             return self.graphs.run(bs, meta.decode_block_tables), step.sampling
         if (

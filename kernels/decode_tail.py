@@ -140,96 +140,6 @@ def _project(w, x, b_ptr, y_ptr, M, pid, N: tl.constexpr, ROWS: tl.constexpr, HA
         tl.store(y_ptr + mi * N + rows, acc.to(y_ptr.dtype.element_ty), mask=live)
 
 
-@triton.jit
-def _tail(
-    pid,
-    a_ptr,  # (M, A) attention output, contiguous
-    res_ptr,  # (M, H) residual, contiguous
-    wo_ptr,
-    bo_ptr,
-    n2_ptr,
-    wgu_ptr,
-    bgu_ptr,
-    wd_ptr,
-    bd_ptr,
-    n1_ptr,
-    wq_ptr,
-    bq_ptr,  # TailWeights
-    o_ptr,  # (M, H) stage 1's output
-    h_ptr,  # (M, H) o + residual (the residual after attention), written by program 0
-    gu_ptr,  # (M, 2I)
-    y_ptr,  # (M, H) the MLP's output
-    h2_ptr,  # (M, H) y + h, written by program 0 (LAST == 4)
-    qkv_ptr,  # (M, NQ) the next layer's qkv (LAST == 4)
-    bar_ptr,  # (2,) int32 zeros: barrier arrivals and exits; left zeroed
-    M,
-    P,  # programs in the grid
-    eps2,
-    eps1,
-    H: tl.constexpr,
-    A: tl.constexpr,
-    INTER: tl.constexpr,
-    NQ: tl.constexpr,
-    FIRST: tl.constexpr,  # stages FIRST..LAST run in this launch (1..3 or 1..4 on a GPU)
-    LAST: tl.constexpr,
-    HAS_BO: tl.constexpr,
-    HAS_BGU: tl.constexpr,
-    HAS_BD: tl.constexpr,
-    HAS_BQ: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    R1: tl.constexpr,  # rows a program owns in each stage, and their power-of-two tile heights
-    R2: tl.constexpr,
-    R3: tl.constexpr,
-    R4: tl.constexpr,
-    BR1: tl.constexpr,
-    BR2: tl.constexpr,
-    BR3: tl.constexpr,
-    BR4: tl.constexpr,
-    BH: tl.constexpr,  # next_pow2 of H, A, I
-    BA: tl.constexpr,
-    BI: tl.constexpr,
-):
-    """Stages FIRST..LAST of the tail for program `pid` (see the module docstring)."""
-    # the weights of the first two stages of this launch are requested at once; each later stage's
-    # when the one before it starts
-    if FIRST <= 1:
-        w1 = _slice(wo_ptr, pid, H, A, R1, BR1, BA)
-    if FIRST <= 2 and LAST >= 2:
-        w2 = _slice(wgu_ptr, pid, 2 * INTER, H, R2, BR2, BH)
-    if FIRST <= 1:
-        x1 = _input(a_ptr, a_ptr, a_ptr, a_ptr, M, 0.0, pid, A, 0, BLOCK_M, BA)
-        _project(w1, x1, bo_ptr, o_ptr, M, pid, H, R1, HAS_BO, BLOCK_M, BR1)
-    if FIRST <= 2 and LAST >= 2:
-        if FIRST < 2:
-            _grid_sync(bar_ptr, (2 - FIRST) * P)
-        if LAST >= 3:
-            w3 = _slice(wd_ptr, pid, H, INTER, R3, BR3, BI)
-        x2 = _input(o_ptr, res_ptr, n2_ptr, h_ptr, M, eps2, pid, H, 1, BLOCK_M, BH)
-        _project(w2, x2, bgu_ptr, gu_ptr, M, pid, 2 * INTER, R2, HAS_BGU, BLOCK_M, BR2)
-    if FIRST <= 3 and LAST >= 3:
-        if FIRST < 3:
-            _grid_sync(bar_ptr, (3 - FIRST) * P)
-        else:
-            w3 = _slice(wd_ptr, pid, H, INTER, R3, BR3, BI)
-        if LAST >= 4:
-            w4 = _slice(wq_ptr, pid, NQ, H, R4, BR4, BH)
-        x3 = _input(gu_ptr, gu_ptr, gu_ptr, gu_ptr, M, 0.0, pid, INTER, 2, BLOCK_M, BI)
-        _project(w3, x3, bd_ptr, y_ptr, M, pid, H, R3, HAS_BD, BLOCK_M, BR3)
-    if LAST >= 4:
-        if FIRST < 4:
-            _grid_sync(bar_ptr, (4 - FIRST) * P)
-        else:
-            w4 = _slice(wq_ptr, pid, NQ, H, R4, BR4, BH)
-        x4 = _input(y_ptr, h_ptr, n1_ptr, h2_ptr, M, eps1, pid, H, 1, BLOCK_M, BH)
-        _project(w4, x4, bq_ptr, qkv_ptr, M, pid, NQ, R4, HAS_BQ, BLOCK_M, BR4)
-    if FIRST < LAST:  # the last program out leaves the counters zeroed for the next launch
-        tl.debug_barrier()
-        done = tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu")
-        if done == P - 1:
-            tl.store(bar_ptr, 0)
-            tl.store(bar_ptr + 1, 0)
-
-
 @kernel
 def _decode_tail_kernel(
     a_ptr,  # (M, A) attention output, contiguous
@@ -278,12 +188,46 @@ def _decode_tail_kernel(
     BA: tl.constexpr,
     BI: tl.constexpr,
 ):
-    _tail(
-        tl.program_id(0), a_ptr, res_ptr, wo_ptr, bo_ptr, n2_ptr, wgu_ptr, bgu_ptr, wd_ptr, bd_ptr,
-        n1_ptr, wq_ptr, bq_ptr, o_ptr, h_ptr, gu_ptr, y_ptr, h2_ptr, qkv_ptr, bar_ptr, M, P, eps2, eps1,
-        H, A, INTER, NQ, FIRST, LAST, HAS_BO, HAS_BGU, HAS_BD, HAS_BQ, BLOCK_M, R1, R2, R3, R4, BR1,
-        BR2, BR3, BR4, BH, BA, BI
-    )  # fmt: skip
+    """Stages FIRST..LAST of the tail for one program (see the module docstring)."""
+    pid = tl.program_id(0)
+    # the weights of the first two stages of this launch are requested at once; each later stage's
+    # when the one before it starts
+    if FIRST <= 1:
+        w1 = _slice(wo_ptr, pid, H, A, R1, BR1, BA)
+    if FIRST <= 2 and LAST >= 2:
+        w2 = _slice(wgu_ptr, pid, 2 * INTER, H, R2, BR2, BH)
+    if FIRST <= 1:
+        x1 = _input(a_ptr, a_ptr, a_ptr, a_ptr, M, 0.0, pid, A, 0, BLOCK_M, BA)
+        _project(w1, x1, bo_ptr, o_ptr, M, pid, H, R1, HAS_BO, BLOCK_M, BR1)
+    if FIRST <= 2 and LAST >= 2:
+        if FIRST < 2:
+            _grid_sync(bar_ptr, (2 - FIRST) * P)
+        if LAST >= 3:
+            w3 = _slice(wd_ptr, pid, H, INTER, R3, BR3, BI)
+        x2 = _input(o_ptr, res_ptr, n2_ptr, h_ptr, M, eps2, pid, H, 1, BLOCK_M, BH)
+        _project(w2, x2, bgu_ptr, gu_ptr, M, pid, 2 * INTER, R2, HAS_BGU, BLOCK_M, BR2)
+    if FIRST <= 3 and LAST >= 3:
+        if FIRST < 3:
+            _grid_sync(bar_ptr, (3 - FIRST) * P)
+        else:
+            w3 = _slice(wd_ptr, pid, H, INTER, R3, BR3, BI)
+        if LAST >= 4:
+            w4 = _slice(wq_ptr, pid, NQ, H, R4, BR4, BH)
+        x3 = _input(gu_ptr, gu_ptr, gu_ptr, gu_ptr, M, 0.0, pid, INTER, 2, BLOCK_M, BI)
+        _project(w3, x3, bd_ptr, y_ptr, M, pid, H, R3, HAS_BD, BLOCK_M, BR3)
+    if LAST >= 4:
+        if FIRST < 4:
+            _grid_sync(bar_ptr, (4 - FIRST) * P)
+        else:
+            w4 = _slice(wq_ptr, pid, NQ, H, R4, BR4, BH)
+        x4 = _input(y_ptr, h_ptr, n1_ptr, h2_ptr, M, eps1, pid, H, 1, BLOCK_M, BH)
+        _project(w4, x4, bq_ptr, qkv_ptr, M, pid, NQ, R4, HAS_BQ, BLOCK_M, BR4)
+    if FIRST < LAST:  # the last program out leaves the counters zeroed for the next launch
+        tl.debug_barrier()
+        done = tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu")
+        if done == P - 1:
+            tl.store(bar_ptr, 0)
+            tl.store(bar_ptr + 1, 0)
 
 
 COOPERATIVE = True  # launch the fused grid cooperatively where this Triton can (residency guaranteed)
@@ -387,7 +331,7 @@ def _cooperative() -> dict:
     return {"launch_cooperative_grid": True} if COOPERATIVE and _cooperative_supported() else {}
 
 
-def _mode(a: torch.Tensor, config: TailConfig | None, fused: bool | None, what: str):
+def _mode(a: torch.Tensor, config: TailConfig | None, fused: bool | None):
     """(interpreting, config, one launch or staged): one launch by default on CUDA, never in the
     interpreter (its programs run one by one and could not wait for each other)."""
     interp = is_interpreting(a)
@@ -395,7 +339,7 @@ def _mode(a: torch.Tensor, config: TailConfig | None, fused: bool | None, what: 
     if fused and interp:
         raise ValueError("the interpreter runs programs one by one: no grid barrier (fused=False)")
     if fused and a.shape[0] > MAX_M:
-        raise ValueError(f"the one-launch {what} is sized for {MAX_M} row(s), got {a.shape[0]} (fused=False)")
+        raise ValueError(f"the one-launch tail is sized for {MAX_M} row(s), got {a.shape[0]} (fused=False)")
     return interp, config or (INTERPRET_CONFIG if interp else DEFAULT_CONFIG), fused
 
 
@@ -409,7 +353,7 @@ def decode_layer_tail(
     """reference.decode_layer_tail in one launch (CUDA) or one launch per stage (the interpreter)."""
     _check_tail(a, residual, w)
     a, residual = a.contiguous(), residual.contiguous()
-    interp, cfg, fused = _mode(a, config, fused, "tail")
+    interp, cfg, fused = _mode(a, config, fused)
     tail = _tail_launch(a, residual, w, interp)
     if not fused:
         programs, args, consts = tail.launch(cfg)

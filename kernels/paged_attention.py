@@ -180,11 +180,8 @@ def _prefill_kernel(
         tl.store(part_lse_ptr + row, lse, mask=m_mask)
 
 
-@triton.jit
-def _decode_item(
-    b,  # sequence
-    kvh,  # KV head
-    split,  # key range
+@kernel
+def _decode_kernel(
     q_ptr,  # (batch, num_heads, head_dim), last dim contiguous
     k_cache_ptr,  # (num_blocks * block_size, num_kv_heads, head_dim) contiguous
     v_cache_ptr,
@@ -229,7 +226,10 @@ def _decode_item(
     DOT_PREC: tl.constexpr,
     ONE_LOOP: tl.constexpr,  # every tile through one masked loop (DECODE_ONE_LOOP)
 ):
-    """One (sequence, KV head, split) of the decode kernel."""
+    """One (sequence, KV head, split) per program: grid (batch, num_kv_heads, NUM_SPLITS)."""
+    b = tl.program_id(0)  # sequence
+    kvh = tl.program_id(1)  # KV head
+    split = tl.program_id(2)  # key range
     ctx = tl.load(seq_lens_ptr + b)
     lo = 0
     if HAS_WINDOW:
@@ -339,62 +339,6 @@ def _decode_item(
                         part_out_ptr, part_lse_ptr, out_ptr, b.to(tl.int64), kvh * GROUP + gi, stride_ob,
                         stride_oh, NUM_KV_HEADS * GROUP, HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D,
                     )  # fmt: skip
-
-
-@kernel
-def _decode_kernel(
-    q_ptr,  # (batch, num_heads, head_dim), last dim contiguous
-    k_cache_ptr,  # (num_blocks * block_size, num_kv_heads, head_dim) contiguous
-    v_cache_ptr,
-    out_ptr,  # (batch, num_heads, head_dim) last dim contiguous; written only if NUM_SPLITS == 1
-    part_out_ptr,  # (batch, num_heads, NUM_SPLITS, head_dim) float32, normalized per split
-    part_lse_ptr,  # (batch, num_heads, NUM_SPLITS) float32, log2-sum-exp2 of the split's scores
-    block_tables_ptr,  # (batch, max_blocks) int32
-    seq_lens_ptr,  # (batch,) int32
-    alibi_ptr,  # (num_heads,) float32
-    k_new_ptr,  # FUSE_QK: (batch, num_kv_heads, head_dim) the new token's raw k, last dim contiguous
-    v_new_ptr,  # FUSE_QK: (batch, num_kv_heads, head_dim) its v
-    qw_ptr,  # FUSE_QK and HAS_NORM: (head_dim,) q norm weight
-    kw_ptr,  # (head_dim,) k norm weight
-    pos_ptr,  # FUSE_QK: (batch,) int positions
-    cs_ptr,  # FUSE_QK: (max_positions, head_dim) float32 [cos | sin]
-    slot_ptr,  # FUSE_QK: (batch,) int cache slots; < 0 = padding
-    counter_ptr,  # FUSED_REDUCE: (batch * num_kv_heads,) int32 zeros, left zeroed
-    scale_log2,
-    stride_qb,
-    stride_qh,
-    stride_ob,
-    stride_oh,
-    stride_bt,
-    stride_kb,
-    stride_vb,
-    window,
-    eps,
-    NUM_KV_HEADS: tl.constexpr,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_G: tl.constexpr,  # >= GROUP (and >= 16 for tl.dot): the query heads of one KV head
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr,  # >= NUM_SPLITS
-    HAS_WINDOW: tl.constexpr,
-    HAS_ALIBI: tl.constexpr,
-    FUSE_QK: tl.constexpr,  # q/k norm + RoPE + K/V store of the new token first (qk_norm_rope_store_kv)
-    HAS_NORM: tl.constexpr,
-    FUSED_REDUCE: tl.constexpr,  # the last split of each (sequence, KV head) to finish merges them all
-    DOT_PREC: tl.constexpr,
-    ONE_LOOP: tl.constexpr,  # every tile through one masked loop (DECODE_ONE_LOOP)
-):
-    _decode_item(
-        tl.program_id(0), tl.program_id(1), tl.program_id(2), q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
-        part_out_ptr, part_lse_ptr, block_tables_ptr, seq_lens_ptr, alibi_ptr, k_new_ptr, v_new_ptr,
-        qw_ptr, kw_ptr, pos_ptr, cs_ptr, slot_ptr, counter_ptr, scale_log2, stride_qb, stride_qh,
-        stride_ob, stride_oh, stride_bt, stride_kb, stride_vb, window, eps, NUM_KV_HEADS, GROUP,
-        HEAD_DIM, BLOCK_SIZE, BLOCK_G, BLOCK_N, BLOCK_D, NUM_SPLITS, BLOCK_S, HAS_WINDOW, HAS_ALIBI,
-        FUSE_QK, HAS_NORM, FUSED_REDUCE, DOT_PREC, ONE_LOOP,
-    )  # fmt: skip
 
 
 @triton.jit

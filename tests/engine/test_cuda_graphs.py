@@ -10,17 +10,7 @@ import torch
 
 from engine import cuda_graphs
 from engine.cuda_graphs import capture_ladder, padded_size
-
-
-class _Graph:
-    made = 0
-
-    def __init__(self) -> None:
-        _Graph.made += 1
-        self.name = f"pool{_Graph.made}"
-
-    def pool(self) -> str:
-        return self.name
+from tests.engine.graph_stubs import Model, stub_graphs
 
 
 def test_capture_ladder(monkeypatch):
@@ -33,7 +23,7 @@ def test_capture_ladder(monkeypatch):
         yield
         state["capturing"] = None
 
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
+    stub_graphs(monkeypatch)  # graphs named pool1, pool2, ... in the order they are made
     monkeypatch.setattr(torch.cuda, "graph", graph)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: events.append("sync"))
 
@@ -66,23 +56,7 @@ def test_graph_inputs_are_loaded_and_padded(monkeypatch):
     # run() copies a step's inputs into the captured graph's static buffers: the padding rows/tokens
     # up to the captured size write no K/V (slot -1) and decode rows attend to nothing (length 0);
     # a decode step's tokens and lengths are already there (prepare), run() adds the block tables
-    replays = []
-
-    class Graph(_Graph):
-        def replay(self) -> None:
-            replays.append(self.name)
-
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
-    monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-
-    class Model:
-        def __call__(self, ids, positions, kv_caches, meta):
-            return torch.zeros(ids.shape[0], 4)
-
-        def compute_logits(self, hidden):
-            return torch.zeros(hidden.shape[0], 10)
-
+    replays = stub_graphs(monkeypatch)
     cpu = torch.device("cpu")
     dec = cuda_graphs.DecodeGraphs(Model(), [], [1, 4], 6, cpu)
     # the static inputs are views of two buffers that prepare fills (tests/engine/test_prepare.py)

@@ -56,30 +56,12 @@ def expected(batch, bs: int, pending: torch.Tensor | None) -> dict:
 
 
 def graph_runner(block_size: int, max_num_seqs: int, monkeypatch) -> ModelRunner:
-    """bare_runner with decode graphs for batch sizes 1, 2 and 4 (CUDA's graph API stubbed: replay
-    does nothing), so prepare writes decode-only steps into their static buffers."""
-    import contextlib
-
+    """bare_runner with decode graphs for batch sizes 1, 2 and 4 (CUDA's graph API stubbed: a replay
+    only records itself), so prepare writes decode-only steps into their static buffers."""
     from engine import cuda_graphs
+    from tests.engine.graph_stubs import Model, stub_graphs
 
-    class Graph:
-        def pool(self):
-            return None
-
-        def replay(self):
-            pass
-
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
-    monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-
-    class Model:
-        def __call__(self, ids, positions, kv_caches, meta):
-            return torch.zeros(ids.shape[0], 4)
-
-        def compute_logits(self, hidden):
-            return torch.zeros(hidden.shape[0], 10)
-
+    stub_graphs(monkeypatch)
     runner = bare_runner(block_size, max_num_seqs)
     runner.graphs = cuda_graphs.DecodeGraphs(Model(), [], [1, 2, 4], 16, torch.device("cpu"))
     return runner

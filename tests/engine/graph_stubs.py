@@ -1,0 +1,42 @@
+"""CUDA's graph API stubbed for CPU tests of the graph bookkeeping (engine.cuda_graphs), and a model
+that returns zeros of the right shapes."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+class Graph:
+    """A stand-in for torch.cuda.CUDAGraph: a pool name per graph, replays recorded."""
+
+    made = 0
+    replays: list[str] = []
+
+    def __init__(self) -> None:
+        Graph.made += 1
+        self.name = f"pool{Graph.made}"
+
+    def pool(self) -> str:
+        return self.name
+
+    def replay(self) -> None:
+        Graph.replays.append(self.name)
+
+
+class Model:
+    def __call__(self, ids, positions, kv_caches, meta):
+        return torch.zeros(ids.shape[0], 4)
+
+    def compute_logits(self, hidden):
+        return torch.zeros(hidden.shape[0], 10)
+
+
+def stub_graphs(monkeypatch) -> list[str]:
+    """Replaces capture and replay with Graph; returns the (emptied) list of replayed graph names."""
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    Graph.made, Graph.replays = 0, []
+    return Graph.replays
