@@ -586,7 +586,8 @@ def sweep_tail(dtype, device, reps: int = 10) -> None:
     ]  # fmt: skip
     mib = sum(t.numel() * t.element_size() for t in ws[0] if isinstance(t, torch.Tensor)) / 2**20
     print(f"# decode layer tail ({mib:.0f} MiB of weights a layer): us per layer (graph replay of {copies})")
-    configs = [TailConfig(*c) for c in ((4, 4), (3, 4), (2, 4), (5, 4), (6, 4), (1, 8), (2, 8), (1, 16))]
+    shapes = ((4, 4), (3, 4), (2, 4), (5, 4), (6, 4), (1, 8), (2, 8), (3, 8), (1, 16))
+    configs = [TailConfig(*c) for c in shapes]
     for m in (1,):
         a, res = _randn(m, width, dtype=dtype, device=device), _randn(m, HIDDEN, dtype=dtype, device=device)
         expect, _ = ref.decode_layer_tail(a.float(), res.float(), ref.TailWeights(*(

@@ -74,6 +74,20 @@ def _grid_sync(bar_ptr, target):
 
 
 @triton.jit
+def _stamp(trace_ptr, pid, point: tl.constexpr, TRACE: tl.constexpr):
+    """TRACE: once every warp of the program is here, the GPU's global nanosecond clock goes to
+    trace[pid, point] (kernels.tail_timeline); otherwise nothing."""
+    if TRACE:
+        tl.debug_barrier()
+        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
+                                      pack=1)  # fmt: skip
+        tl.store(trace_ptr + pid * TRACE_POINTS + point, t)
+
+
+TRACE_POINTS: tl.constexpr = tl.constexpr(12)  # start; per stage: input read, end, barrier exit
+
+
+@triton.jit
 def _slice(w_ptr, pid, N: tl.constexpr, K: tl.constexpr, ROWS: tl.constexpr, BLOCK_R: tl.constexpr,
            BLOCK_K: tl.constexpr):  # fmt: skip
     """This program's rows [pid * ROWS, pid * ROWS + ROWS) of W (N, K), whole: (BLOCK_R, BLOCK_K)."""
@@ -161,6 +175,7 @@ def _decode_tail_kernel(
     h2_ptr,  # (M, H) y + h, written by program 0 (LAST == 4)
     qkv_ptr,  # (M, NQ) the next layer's qkv (LAST == 4)
     bar_ptr,  # (2,) int32 zeros: barrier arrivals and exits; left zeroed
+    trace_ptr,  # TRACE: (P, TRACE_POINTS) int64 nanoseconds
     M,
     P,  # programs in the grid
     eps2,
@@ -187,9 +202,11 @@ def _decode_tail_kernel(
     BH: tl.constexpr,  # next_pow2 of H, A, I
     BA: tl.constexpr,
     BI: tl.constexpr,
+    TRACE: tl.constexpr,  # timestamps (TRACE_POINTS) in the one launch
 ):
     """Stages FIRST..LAST of the tail for one program (see the module docstring)."""
     pid = tl.program_id(0)
+    _stamp(trace_ptr, pid, 0, TRACE)
     # the weights of the first two stages of this launch are requested at once; each later stage's
     # when the one before it starts
     if FIRST <= 1:
@@ -198,30 +215,41 @@ def _decode_tail_kernel(
         w2 = _slice(wgu_ptr, pid, 2 * INTER, H, R2, BR2, BH)
     if FIRST <= 1:
         x1 = _input(a_ptr, a_ptr, a_ptr, a_ptr, M, 0.0, pid, A, 0, BLOCK_M, BA)
+        _stamp(trace_ptr, pid, 1, TRACE)
         _project(w1, x1, bo_ptr, o_ptr, M, pid, H, R1, HAS_BO, BLOCK_M, BR1)
+        _stamp(trace_ptr, pid, 2, TRACE)
     if FIRST <= 2 and LAST >= 2:
         if FIRST < 2:
             _grid_sync(bar_ptr, (2 - FIRST) * P)
+            _stamp(trace_ptr, pid, 3, TRACE)
         if LAST >= 3:
             w3 = _slice(wd_ptr, pid, H, INTER, R3, BR3, BI)
         x2 = _input(o_ptr, res_ptr, n2_ptr, h_ptr, M, eps2, pid, H, 1, BLOCK_M, BH)
+        _stamp(trace_ptr, pid, 4, TRACE)
         _project(w2, x2, bgu_ptr, gu_ptr, M, pid, 2 * INTER, R2, HAS_BGU, BLOCK_M, BR2)
+        _stamp(trace_ptr, pid, 5, TRACE)
     if FIRST <= 3 and LAST >= 3:
         if FIRST < 3:
             _grid_sync(bar_ptr, (3 - FIRST) * P)
+            _stamp(trace_ptr, pid, 6, TRACE)
         else:
             w3 = _slice(wd_ptr, pid, H, INTER, R3, BR3, BI)
         if LAST >= 4:
             w4 = _slice(wq_ptr, pid, NQ, H, R4, BR4, BH)
         x3 = _input(gu_ptr, gu_ptr, gu_ptr, gu_ptr, M, 0.0, pid, INTER, 2, BLOCK_M, BI)
+        _stamp(trace_ptr, pid, 7, TRACE)
         _project(w3, x3, bd_ptr, y_ptr, M, pid, H, R3, HAS_BD, BLOCK_M, BR3)
+        _stamp(trace_ptr, pid, 8, TRACE)
     if LAST >= 4:
         if FIRST < 4:
             _grid_sync(bar_ptr, (4 - FIRST) * P)
+            _stamp(trace_ptr, pid, 9, TRACE)
         else:
             w4 = _slice(wq_ptr, pid, NQ, H, R4, BR4, BH)
         x4 = _input(y_ptr, h_ptr, n1_ptr, h2_ptr, M, eps1, pid, H, 1, BLOCK_M, BH)
+        _stamp(trace_ptr, pid, 10, TRACE)
         _project(w4, x4, bq_ptr, qkv_ptr, M, pid, NQ, R4, HAS_BQ, BLOCK_M, BR4)
+        _stamp(trace_ptr, pid, 11, TRACE)
     if FIRST < LAST:  # the last program out leaves the counters zeroed for the next launch
         tl.debug_barrier()
         done = tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu")
@@ -294,7 +322,8 @@ class _TailLaunch(NamedTuple):
     key: tuple  # what its compiled variant depends on
 
 
-def _tail_launch(a: torch.Tensor, residual: torch.Tensor, w: TailWeights, interp: bool) -> _TailLaunch:
+def _tail_launch(a: torch.Tensor, residual: torch.Tensor, w: TailWeights, interp: bool,
+                 trace: torch.Tensor | None = None) -> _TailLaunch:  # fmt: skip
     """The tail's buffers and launch arguments for a (M, A) (contiguous) and residual (M, H)."""
     m, a_width = a.shape
     h_size, inter = w.o.shape[0], w.down.shape[1]
@@ -310,12 +339,14 @@ def _tail_launch(a: torch.Tensor, residual: torch.Tensor, w: TailWeights, interp
         w.down_bias if w.down_bias is not None else dummy, w.norm1_next if has_next else dummy,
         w.qkv_next if has_next else dummy, w.qkv_next_bias if w.qkv_next_bias is not None else dummy,
         o, h, gu, y, h2, qkv, arrival_counters("decode_tail", 2, a.device),
+        trace if trace is not None else a,
     )  # fmt: skip
     flags = dict(
         H=h_size, A=a_width, INTER=inter, NQ=nq, HAS_BO=w.o_bias is not None,
         HAS_BGU=w.gate_up_bias is not None, HAS_BD=w.down_bias is not None,
         HAS_BQ=w.qkv_next_bias is not None, BLOCK_M=next_pow2(m), BH=next_pow2(h_size),
-        BA=next_pow2(a_width), BI=next_pow2(inter), LAST=4 if has_next else 3, num_stages=1,
+        BA=next_pow2(a_width), BI=next_pow2(inter), LAST=4 if has_next else 3, TRACE=trace is not None,
+        num_stages=1,
     )  # fmt: skip
 
     def launch(c: TailConfig):
@@ -349,12 +380,15 @@ def decode_layer_tail(
     w: TailWeights,
     config: TailConfig | None = None,
     fused: bool | None = None,  # one launch with grid barriers (default: on CUDA)
+    trace: torch.Tensor | None = None,  # (>= programs, TRACE_POINTS) int64: the one launch's timestamps
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (qkv of the next layer (M, NQ) or y (M, H), new residual)
     """reference.decode_layer_tail in one launch (CUDA) or one launch per stage (the interpreter)."""
     _check_tail(a, residual, w)
     a, residual = a.contiguous(), residual.contiguous()
     interp, cfg, fused = _mode(a, config, fused)
-    tail = _tail_launch(a, residual, w, interp)
+    if trace is not None and not (fused and trace.dtype == torch.int64 and trace.is_contiguous()):
+        raise ValueError("trace: a contiguous int64 (programs, TRACE_POINTS) tensor, one launch only")
+    tail = _tail_launch(a, residual, w, interp, trace)
     if not fused:
         programs, args, consts = tail.launch(cfg)
         for stage in range(1, consts.pop("LAST") + 1):

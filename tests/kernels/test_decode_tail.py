@@ -76,6 +76,13 @@ def test_decode_tail_rejects_what_it_cannot_run():
         decode_layer_tail(a.half(), res.half(), w)
 
 
+def test_decode_tail_trace_needs_the_one_launch():
+    w = _weights(32, 32, 48, 64, torch.float32)
+    trace = torch.zeros(8, 12, dtype=torch.int64)
+    with pytest.raises(ValueError, match="trace"):  # the interpreter runs the stages as launches
+        decode_layer_tail(torch.zeros(1, 32), torch.zeros(1, 32), w, trace=trace)
+
+
 QWEN3_06B = (1024, 2048, 3072, 4096)  # hidden, attention width, intermediate, qkv
 
 
@@ -144,3 +151,23 @@ def test_decode_tail_takes_only_what_fits_in_registers():
     big = ref.TailWeights(e(4096, 4096), None, e(4096), 1e-6, e(28672, 4096), None, e(4096, 14336), None,
                           e(4096), 1e-6, e(6144, 4096), None)  # fmt: skip
     assert not fits(1, torch.bfloat16, big, cpu)
+
+
+@gpu
+def test_decode_tail_gpu_trace():
+    """The traced launch (kernels.tail_timeline) gives the same bits; every program's points are in order,
+    and no program leaves a barrier before every program has ended the stage before it."""
+    from kernels.decode_tail import TRACE_POINTS
+
+    w = _weights(*QWEN3_06B, torch.bfloat16, device="cuda")
+    a = _randn(1, 2048, dtype=torch.bfloat16, device="cuda", seed=1)
+    res = _randn(1, 1024, dtype=torch.bfloat16, device="cuda", seed=2)
+    trace = torch.zeros((4096, TRACE_POINTS.value), dtype=torch.int64, device="cuda")
+    got = decode_layer_tail(a, res, w, trace=trace)
+    expect = decode_layer_tail(a, res, w, fused=False)
+    assert all(torch.equal(x, y) for x, y in zip(got, expect, strict=True))
+    t = trace[trace[:, 0] > 0].cpu()
+    assert t.shape[0] >= torch.cuda.get_device_properties(0).multi_processor_count
+    assert bool((t.diff(dim=1) >= 0).all())
+    for end, leave in ((2, 3), (5, 6), (8, 9)):  # stage end, barrier exit
+        assert int(t[:, leave].min()) >= int(t[:, end].max())
