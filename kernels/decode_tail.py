@@ -22,6 +22,9 @@ a stage are read by other programs after the barrier, so those loads bypass L1 (
 follows the unfused kernels (kernels.gemv with NORM or SILU_MUL): fp32 accumulation, each
 intermediate rounded to the activation dtype once.
 
+`python -m kernels.tail_timeline` traces one launch (TRACE: every program stamps the GPU's clock at its
+start and, per stage, at its input read, its end and its barrier exit).
+
 Triton's interpreter runs programs one after another, so no program could wait for another: on the CPU
 every stage is its own launch of the same kernel (FIRST == LAST), which tests the arithmetic; the GPU
 tests check the barrier path against the same reference and against the staged launches, bit for bit.
