@@ -41,3 +41,17 @@ def test_tiny_cpu_ragged_sweep_times_each_split_count(capsys):
 def test_unknown_kernel_is_rejected():
     with pytest.raises(SystemExit):
         bench.main(["--only", "nope"])
+
+
+def test_tail_timeline_help_and_cpu_refusal(capsys):
+    from kernels import tail_timeline
+
+    with pytest.raises(SystemExit) as exit_info:
+        tail_timeline.main(["--help"])
+    assert exit_info.value.code == 0
+    assert "--set" in capsys.readouterr().out
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit) as exit_info:
+            tail_timeline.main([])
+        assert exit_info.value.code == 2
+        assert "needs a CUDA device" in capsys.readouterr().err
