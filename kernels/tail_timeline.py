@@ -39,13 +39,11 @@ def _weights(dtype, device, copies: int):
 
 def timeline(dtype=torch.bfloat16, reps: int = 20, copies: int = 8) -> tuple[int, dict[str, list[tuple]]]:
     """(programs, {"HBM" | "L2": [(point, earliest, median, latest) in us]}) at the Qwen3-0.6B shapes."""
-    from kernels.decode_tail import decode_layer_tail
-
-    device = torch.device("cuda")
-    ws, a, res = _weights(dtype, device, copies)
-    from kernels.decode_tail import TRACE_POINTS
+    from kernels.decode_tail import TRACE_POINTS, decode_layer_tail
 
     assert len(POINTS) == TRACE_POINTS.value
+    device = torch.device("cuda")
+    ws, a, res = _weights(dtype, device, copies)
     trace = torch.zeros((4096, len(POINTS)), dtype=torch.int64, device=device)
     out = {}
     for where, traced in (("HBM", 0), ("L2", copies - 1)):
@@ -72,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.tail_timeline", description=summary)
     parser.add_argument("--reps", type=int, default=20, help="traced launches per case (medians over them)")
     parser.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
-                        help="flip a module switch first, e.g. kernels.decode_tail.PAIRED=False")  # fmt: skip
+                        help="flip a switch first, e.g. kernels.decode_tail.COOPERATIVE=False")  # fmt: skip
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device")
