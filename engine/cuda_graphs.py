@@ -85,12 +85,14 @@ class _TokenGraphs:
 class DecodeGraphs(_TokenGraphs):
     """The static inputs sit in two buffers that a step's prepare fills with one host-to-device copy
     each (ModelRunner.prepare): int64 [ids | positions | slots] (n each, n the largest size; the padding
-    rows' slots -1) followed by the step's in-flight token indices and sample rows, and int32 [lengths
-    (n; padding rows 0) | the step's block-table rows], which run() copies into the graph's table."""
+    rows' slots -1) followed by the step's in-flight token indices, and int32 [lengths (n; padding rows
+    0) | the step's block-table rows], which run() copies into the graph's table. A graph step samples
+    rows 0..bs-1, the leading entries of sample_rows."""
 
     def __init__(self, model, kv_caches, sizes: list[int], max_blocks: int, device: torch.device) -> None:
-        super().__init__(model, kv_caches, sizes, device, extra=3)  # in-flight index pairs, sample rows
+        super().__init__(model, kv_caches, sizes, device, extra=2)  # in-flight (position, row) pairs
         n = self.sizes[-1]
+        self.sample_rows = torch.arange(n, device=device)
         self.inputs32 = torch.zeros(n + n * max_blocks, dtype=torch.int32, device=device)
         self.seq_lens = self.inputs32[:n]
         self.block_tables = torch.zeros((n, max_blocks), dtype=torch.int32, device=device)

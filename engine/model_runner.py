@@ -213,7 +213,7 @@ class ModelRunner:
         lens[:nd] = pos + 1
         k = pend_at.size
         up = _Upload()
-        h64 = up.add(np.concatenate([head.reshape(-1), pend_at, pend_rows, np.arange(nd)]), torch.int64)
+        h64 = up.add(np.concatenate([head.reshape(-1), pend_at, pend_rows]), torch.int64)
         h32 = up.add(np.concatenate([lens, tables.reshape(-1)]), torch.int32)
         t = up.upload(self._staging, into={torch.int64: g.inputs64, torch.int32: g.inputs32})
         t64, t32 = t[h64], t[h32]
@@ -228,7 +228,7 @@ class ModelRunner:
             prefill_seq_lens=None,
         )
         in_flight = t64[3 * n : 3 * n + 2 * k] if k else None
-        rows = t64[3 * n + 2 * k :]
+        rows = g.sample_rows[:nd]
         step = StepInputs(g.input_ids[:nd], g.positions[:nd], meta, rows, list(range(nd)), in_flight, True)
         if k and not defer_pending:
             _fill_pending(step, pending)
