@@ -565,6 +565,21 @@ def _streamed(call: Callable[[int], object], copies: int, reps: int) -> float:
     return statistics.median(times)
 
 
+def tail_layers(dtype, device, copies: int) -> list:
+    """`copies` layers' tail weights (reference.TailWeights, no biases) at the Qwen3-0.6B shapes, random,
+    each scaled by 1/sqrt(its input width): enough of them that streaming all evicts the first from L2."""
+    from kernels.reference import TailWeights
+
+    r = lambda *shape: _randn(*shape, dtype=dtype, device=device) * shape[-1] ** -0.5
+    norm = lambda: (1 + 0.1 * torch.randn(HIDDEN, device=device)).to(dtype)
+    inter, width, nq = INTERMEDIATE, NUM_HEADS * HEAD_DIM, (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
+    return [
+        TailWeights(r(HIDDEN, width), None, norm(), 1e-6, r(2 * inter, HIDDEN), None, r(HIDDEN, inter), None,
+                    norm(), 1e-6, r(nq, HIDDEN), None)
+        for _ in range(copies)
+    ]  # fmt: skip
+
+
 def sweep_tail(dtype, device, reps: int = 10) -> None:
     """Times kernels.decode_tail (o_proj -> norm + gate_up -> SiLU + down -> next norm + qkv in one
     launch with grid barriers) over configurations against the same four projections launched one by
@@ -576,14 +591,8 @@ def sweep_tail(dtype, device, reps: int = 10) -> None:
     from kernels.decode_tail import TailConfig, decode_layer_tail
 
     copies = 8
-    r = lambda *shape: _randn(*shape, dtype=dtype, device=device) * shape[-1] ** -0.5
-    norm = lambda: (1 + 0.1 * torch.randn(HIDDEN, device=device)).to(dtype)
-    inter, width, nq = INTERMEDIATE, NUM_HEADS * HEAD_DIM, (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
-    ws = [
-        ref.TailWeights(r(HIDDEN, width), None, norm(), 1e-6, r(2 * inter, HIDDEN), None, r(HIDDEN, inter),
-                        None, norm(), 1e-6, r(nq, HIDDEN), None)
-        for _ in range(copies)
-    ]  # fmt: skip
+    width = NUM_HEADS * HEAD_DIM
+    ws = tail_layers(dtype, device, copies)
     mib = sum(t.numel() * t.element_size() for t in ws[0] if isinstance(t, torch.Tensor)) / 2**20
     print(f"# decode layer tail ({mib:.0f} MiB of weights a layer): us per layer (graph replay of {copies})")
     shapes = ((4, 4), (3, 4), (2, 4), (5, 4), (6, 4), (1, 8), (2, 8), (3, 8), (1, 16))

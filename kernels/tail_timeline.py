@@ -20,21 +20,12 @@ POINTS = ("start", "1 (o) input read", "1 end", "barrier 1 exit", "2 (gate_up) i
           "4 end")  # fmt: skip
 
 
-def _weights(dtype, device, copies: int):
-    from kernels.bench import HEAD_DIM, HIDDEN, INTERMEDIATE, NUM_HEADS, NUM_KV_HEADS, _randn
-    from kernels.reference import TailWeights
+def _inputs(dtype, device, copies: int):
+    from kernels.bench import HEAD_DIM, HIDDEN, NUM_HEADS, _randn, tail_layers
 
-    r = lambda *shape: _randn(*shape, dtype=dtype, device=device) * shape[-1] ** -0.5
-    norm = lambda: (1 + 0.1 * torch.randn(HIDDEN, device=device)).to(dtype)
-    width, nq = NUM_HEADS * HEAD_DIM, (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
-    ws = [
-        TailWeights(r(HIDDEN, width), None, norm(), 1e-6, r(2 * INTERMEDIATE, HIDDEN), None,
-                    r(HIDDEN, INTERMEDIATE), None, norm(), 1e-6, r(nq, HIDDEN), None)
-        for _ in range(copies)
-    ]  # fmt: skip
-    a = _randn(1, width, dtype=dtype, device=device)
+    a = _randn(1, NUM_HEADS * HEAD_DIM, dtype=dtype, device=device)
     res = _randn(1, HIDDEN, dtype=dtype, device=device)
-    return ws, a, res
+    return tail_layers(dtype, device, copies), a, res
 
 
 def timeline(dtype=torch.bfloat16, reps: int = 20, copies: int = 8) -> tuple[int, dict[str, list[tuple]]]:
@@ -43,7 +34,7 @@ def timeline(dtype=torch.bfloat16, reps: int = 20, copies: int = 8) -> tuple[int
 
     assert len(POINTS) == TRACE_POINTS.value
     device = torch.device("cuda")
-    ws, a, res = _weights(dtype, device, copies)
+    ws, a, res = _inputs(dtype, device, copies)
     trace = torch.zeros((4096, len(POINTS)), dtype=torch.int64, device=device)
     out = {}
     for where, traced in (("HBM", 0), ("L2", copies - 1)):
