@@ -6,7 +6,7 @@ use the batched decode kernel, prefill chunks the variable-length kernel.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,6 +26,19 @@ class AttentionMetadata:
     prefill_seq_lens: torch.Tensor | None  # (num_prefills,) int32
     prefill_max_q: int = 0
     decode_max_seq_len: int = 0  # python int: bound for split-K kernels (no host sync)
+    _decode_order: torch.Tensor | None = field(default=None, init=False, repr=False)
+
+    def decode_order(self, num_kv_heads: int, like: torch.Tensor) -> torch.Tensor | None:
+        """The decodes' rows longest first where the decode kernel takes them (a wide batch on Triton's
+        kernels), else None: sorted on the device once per step (inside a captured graph, once per
+        replay), shared by every layer."""
+        nd = self.num_decodes
+        if not nd or not ops.decode_wants_order(nd, num_kv_heads, like):
+            return None
+        if self._decode_order is None:
+            lens = self.decode_seq_lens[:nd]
+            self._decode_order = torch.argsort(lens, descending=True).to(torch.int32)
+        return self._decode_order
 
 
 def paged_attention(
@@ -38,16 +51,17 @@ def paged_attention(
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
     nd = meta.num_decodes
     max_len = meta.decode_max_seq_len or None  # None inside CUDA graphs: bound by the table width
+    order = meta.decode_order(k_cache.shape[2], q)
     if meta.prefill_block_tables is None:
         return ops.decode_attention(
             q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale, sliding_window,
-            max_seq_len=max_len,
+            max_seq_len=max_len, order=order,
         )  # fmt: skip
     out = torch.empty_like(q)
     if nd:
         out[:nd] = ops.decode_attention(
             q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale, sliding_window,
-            max_seq_len=max_len,
+            max_seq_len=max_len, order=order,
         )  # fmt: skip
     out[nd:] = ops.paged_attention(
         q[nd:],
@@ -89,7 +103,7 @@ def attention_block(
         o = ops.qk_norm_rope_decode_attention(
             q, k, v, q_norm_weight, k_norm_weight, eps, positions, cos_sin, kv_cache[0], kv_cache[1],
             meta.slot_mapping, meta.decode_block_tables, meta.decode_seq_lens, scale, sliding_window,
-            max_seq_len=meta.decode_max_seq_len or None,
+            max_seq_len=meta.decode_max_seq_len or None, order=meta.decode_order(num_kv_heads, q),
         )  # fmt: skip
         return o.reshape(t, q_size)
     q, _ = ops.qk_norm_rope_store_kv(

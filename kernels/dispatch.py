@@ -113,6 +113,7 @@ def decode_attention(
     out: torch.Tensor | None = None,
     max_seq_len: int | None = None,
     num_splits: int | None = None,
+    order: torch.Tensor | None = None,  # (batch,) int32: the rows longest first (decode_wants_order)
 ) -> torch.Tensor:  # (batch, num_heads, head_dim)
     if not use_triton(q):
         res = ref.decode_attention(
@@ -123,8 +124,18 @@ def decode_attention(
 
     return paged_decode_attention(
         q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, alibi_slopes,
-        out=out, max_seq_len=max_seq_len, num_splits=num_splits,
+        out=out, max_seq_len=max_seq_len, num_splits=num_splits, order=order,
     )  # fmt: skip
+
+
+def decode_wants_order(batch: int, num_kv_heads: int, like: torch.Tensor) -> bool:
+    """Whether decode attention over `batch` sequences takes an `order` (the rows longest first: the
+    kernel starts the longest contexts first); False where the kernels are not Triton's."""
+    if not use_triton(like):
+        return False
+    from kernels.paged_attention import wants_order
+
+    return wants_order(batch, num_kv_heads, like.device)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -385,6 +396,7 @@ def qk_norm_rope_decode_attention(
     sliding_window: int | None = None,
     *,
     max_seq_len: int | None = None,
+    order: torch.Tensor | None = None,  # (batch,) int32: the rows longest first (decode_wants_order)
 ) -> torch.Tensor:  # (batch, num_heads, head_dim)
     """qk_norm_rope_store_kv + decode_attention of a decode-only batch; on CUDA one launch, which
     leaves q and k as they are (the two-step path rotates them in place)."""
@@ -394,13 +406,14 @@ def qk_norm_rope_decode_attention(
             q, k, v, q_norm_weight, k_norm_weight, eps, positions, cos_sin, k_cache, v_cache, slot_mapping
         )
         return decode_attention(
-            q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, max_seq_len=max_seq_len
-        )
+            q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, max_seq_len=max_seq_len,
+            order=order,
+        )  # fmt: skip
     from kernels.paged_attention import NewTokenQK, paged_decode_attention
 
     q_norm_weight, k_norm_weight = weights
     new = NewTokenQK(k, v, q_norm_weight, k_norm_weight, eps, positions, cos_sin.contiguous(), slot_mapping)
     return paged_decode_attention(
         q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, max_seq_len=max_seq_len,
-        new_token=new,
+        new_token=new, order=order,
     )  # fmt: skip

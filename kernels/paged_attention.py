@@ -199,6 +199,7 @@ def _decode_kernel(
     cs_ptr,  # FUSE_QK: (max_positions, head_dim) float32 [cos | sin]
     slot_ptr,  # FUSE_QK: (batch,) int cache slots; < 0 = padding
     counter_ptr,  # FUSED_REDUCE: (batch * num_kv_heads,) int32 zeros, left zeroed
+    order_ptr,  # ORDERED: (batch,) int32, the sequences longest first
     scale_log2,
     stride_qb,
     stride_qh,
@@ -225,10 +226,18 @@ def _decode_kernel(
     FUSED_REDUCE: tl.constexpr,  # the last split of each (sequence, KV head) to finish merges them all
     DOT_PREC: tl.constexpr,
     ONE_LOOP: tl.constexpr,  # every tile through one masked loop (DECODE_ONE_LOOP)
+    HEAD_MAJOR: tl.constexpr,  # grid (num_kv_heads, batch, NUM_SPLITS): a sequence's heads together
+    ORDERED: tl.constexpr,  # the grid's sequence index i runs sequence order[i]
 ):
     """One (sequence, KV head, split) per program: grid (batch, num_kv_heads, NUM_SPLITS)."""
-    b = tl.program_id(0)  # sequence
-    kvh = tl.program_id(1)  # KV head
+    if HEAD_MAJOR:
+        b = tl.program_id(1)
+        kvh = tl.program_id(0)
+    else:
+        b = tl.program_id(0)  # sequence
+        kvh = tl.program_id(1)  # KV head
+    if ORDERED:
+        b = tl.load(order_ptr + b)
     split = tl.program_id(2)  # key range
     ctx = tl.load(seq_lens_ptr + b)
     lo = 0
@@ -401,7 +410,10 @@ PREFILL_CONFIGS = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
 }
 DECODE_CONFIGS = {  # (BLOCK_N, num_warps, num_stages)
     "16bit": (64, 4, 3),  # few (sequence, KV head) programs: split-K over short tiles
-    "16bit_wide": (128, 4, 3),  # a full wave of programs without splits (batch x KV heads >= SMs)
+    # a full wave of programs without splits (batch x KV heads >= SMs); 64-key tiles timed faster in
+    # --sweep-ragged at batch 256 with the engine's dispatch (270.7 us against 283.6) but not in W2
+    # (26,016 / 26,036 against 26,173 tok/s, one machine session)
+    "16bit_wide": (128, 4, 3),
     "fp32": (32, 8, 2),
     "interpret": (16, 4, 1),
 }
@@ -412,6 +424,28 @@ DECODE_CONFIGS = {  # (BLOCK_N, num_warps, num_stages)
 # loop and then the ragged one (False). Read at launch. H200 (kernels.bench --sweep, fused launch):
 # batch 32 x 256 keys 15.8 us against 16.3, batch 256 x 860 even; W1 20,553 tok/s against 20,063.
 DECODE_ONE_LOOP = True
+
+
+# A full wave or more of (sequence, KV head) programs without splits (W2's batches) is dispatched a
+# sequence at a time, its KV heads side by side (they read neighbouring 256-byte rows of the same cache
+# blocks), the sequences longest first (`order`, one device sort per step: AttentionMetadata), so the
+# longest contexts start in the first wave instead of holding the last SMs alone. H200: W2 26,203 /
+# 26,118 tok/s with both (one machine session), pairs in another session: both 25,316 / 25,645 against
+# 24,603 / 24,294 for neither, longest first alone 23,937 / 25,313, head-major alone 24,587.
+# `python -m kernels.bench --sweep-ragged`, batch 256 over 256-2048 keys: 290.4 us plain, 288.1
+# head-major, 281.8 longest first, 283.6 both (4.2 TB/s of K/V; a streaming read reaches 4.3); batch 48
+# 72.3 -> 59.1, 96 120.7 -> 106.9, 160 192.1 -> 181.4.
+DECODE_HEAD_MAJOR = True
+DECODE_LONGEST_FIRST = True
+
+
+def wants_order(batch: int, num_kv_heads: int, device: torch.device) -> bool:
+    """Whether a decode batch of this size is dispatched longest first (pass `order`)."""
+    return DECODE_LONGEST_FIRST and _wide(batch, num_kv_heads, device)
+
+
+def _wide(batch: int, num_kv_heads: int, device: torch.device) -> bool:
+    return batch * num_kv_heads >= _sm_count(device)
 
 
 def _config_key(q: torch.Tensor) -> str:
@@ -613,6 +647,7 @@ def paged_decode_attention(
     num_splits: int | None = None,
     new_token: NewTokenQK | None = None,
     fused_reduce: bool = True,
+    order: torch.Tensor | None = None,  # (batch,) int32: the rows in the order their programs start
 ) -> torch.Tensor:  # (batch, num_heads, head_dim)
     """Split-K decode: grid (batch, num_kv_heads, num_splits); one program handles all query heads of one
     KV head over one contiguous slice of the context; the splits are merged by their log-sum-exp, by
@@ -623,6 +658,9 @@ def paged_decode_attention(
     the q/k norm and RoPE and writes the new K/V into the cache, exactly as qk_norm_rope_store_kv
     would (one launch where there were two; q itself is left as it is).
 
+    `order`: a permutation of the batch rows (wants_order says when the engine passes one): the
+    programs start with the sequence order[0]; the result does not depend on it.
+
     CUDA-graph safe: no host sync and no data-dependent allocation. The split count is a python int:
     `num_splits` if given, else chosen from `max_seq_len` (a python int upper bound, used only for this
     choice), else from the block table's capacity (max_blocks * block_size). Any seq_lens value is
@@ -630,12 +668,12 @@ def paged_decode_attention(
     """
     launch = decode_launch(
         q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, alibi_slopes, out, max_seq_len,
-        num_splits, new_token, fused_reduce,
+        num_splits, new_token, fused_reduce, order,
     )  # fmt: skip
     b, hk, num_splits = launch.items
     if b == 0:
         return launch.out
-    _decode_kernel[launch.items](
+    _decode_kernel[launch.grid](
         *launch.args, **launch.consts, num_warps=launch.warps, num_stages=launch.stages
     )
     if launch.partials is not None:  # the splits merged by a second launch
@@ -654,11 +692,12 @@ class DecodeLaunch(NamedTuple):
 
     args: tuple
     consts: dict
-    items: tuple[int, int, int]  # the grid: (batch, num_kv_heads, num_splits) programs
+    items: tuple[int, int, int]  # (batch, num_kv_heads, num_splits) programs
     out: torch.Tensor  # (batch, num_heads, head_dim), written once every program (and merge) has run
     warps: int
     stages: int
     partials: tuple[torch.Tensor, torch.Tensor] | None  # (part_out, part_lse) left for a merge launch
+    grid: tuple[int, int, int] = (0, 0, 0)  # items, or (num_kv_heads, batch, num_splits) HEAD_MAJOR
 
 
 def decode_launch(
@@ -675,6 +714,7 @@ def decode_launch(
     num_splits: int | None = None,
     new_token: NewTokenQK | None = None,
     fused_reduce: bool = True,
+    order: torch.Tensor | None = None,
 ) -> DecodeLaunch:
     """paged_decode_attention's checks, split count, tile configuration, buffers and kernel arguments
     (see its docstring); an empty batch gets items (0, ., 0) and nothing else."""
@@ -701,7 +741,7 @@ def decode_launch(
     if not 1 <= num_splits <= 1024:
         raise ValueError("num_splits must be in [1, 1024]")
     key = _config_key(q)
-    if key == "16bit" and b * hk >= _sm_count(q.device):
+    if key == "16bit" and _wide(b, hk, q.device):
         key = "16bit_wide"
     block_n, warps, stages = DECODE_CONFIGS[key]
     fused_reduce = fused_reduce and num_splits > 1 and b * hk <= _MAX_COUNTERS
@@ -712,12 +752,16 @@ def decode_launch(
         part_out = part_lse = out
     group = h // hk
     has_norm = nt is not None and nt.q_norm_weight is not None
+    head_major = DECODE_HEAD_MAJOR and num_splits == 1 and _wide(b, hk, q.device)
+    if order is not None and (order.shape != (b,) or order.dtype != torch.int32):
+        raise ValueError("order must be (batch,) int32, a permutation of the batch rows")
     args = (
         q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens, _alibi(alibi_slopes, h, q),
         nt.k if nt else q, nt.v if nt else q, nt.q_norm_weight if has_norm else q,
         nt.k_norm_weight if has_norm else q, nt.positions if nt else seq_lens, nt.cos_sin if nt else q,
         nt.slot_mapping if nt else seq_lens, _counters(q.device) if fused_reduce else seq_lens,
-        scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        order if order is not None else seq_lens, scale * LOG2E, q.stride(0), q.stride(1), out.stride(0),
+        out.stride(1), block_tables.stride(0),
         nt.k.stride(0) if nt else 0, nt.v.stride(0) if nt else 0, _window(sliding_window),
         nt.eps if nt else 0.0,
     )  # fmt: skip
@@ -726,10 +770,12 @@ def decode_launch(
         BLOCK_N=block_n, BLOCK_D=next_pow2(d), NUM_SPLITS=num_splits, BLOCK_S=next_pow2(num_splits),
         HAS_WINDOW=sliding_window is not None, HAS_ALIBI=alibi_slopes is not None,
         FUSE_QK=nt is not None, HAS_NORM=has_norm, FUSED_REDUCE=fused_reduce,
-        DOT_PREC=_dot_precision(q.dtype), ONE_LOOP=DECODE_ONE_LOOP,
+        DOT_PREC=_dot_precision(q.dtype), ONE_LOOP=DECODE_ONE_LOOP, HEAD_MAJOR=head_major,
+        ORDERED=order is not None,
     )  # fmt: skip
     partials = (part_out, part_lse) if num_splits > 1 and not fused_reduce else None
-    return DecodeLaunch(args, consts, (b, hk, num_splits), out, warps, stages, partials)
+    grid = (hk, b, num_splits) if head_major else (b, hk, num_splits)
+    return DecodeLaunch(args, consts, (b, hk, num_splits), out, warps, stages, partials, grid)
 
 
 def _check_new_token(q: torch.Tensor, nt: NewTokenQK, hk: int) -> None:

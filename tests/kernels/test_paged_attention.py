@@ -135,6 +135,34 @@ def test_decode_auto_splits_out_buffer_and_empty_sequence():
     assert torch.all(out[1] == 0) and not out.isnan().any()
 
 
+@pytest.mark.parametrize("head_major", [False, True])
+def test_decode_order_and_head_major_change_no_value(head_major, monkeypatch):
+    """A wide batch (batch x KV heads >= SMs; the interpreter counts 4) dispatched longest first and a
+    sequence's KV heads side by side: every row equals the plain dispatch's, bit for bit."""
+    monkeypatch.setattr(pa, "DECODE_HEAD_MAJOR", False)
+    ctx = [3, 75, 20, 1, 48]
+    q, kc, vc, bt, _, sl = make_paged(ctx, [1] * len(ctx), H, HK, D, 16, torch.float32)
+    plain = paged_decode_attention(q, kc, vc, bt, sl, SCALE, num_splits=1)
+    assert pa.wants_order(len(ctx), HK, q.device)
+    monkeypatch.setattr(pa, "DECODE_HEAD_MAJOR", head_major)
+    launch = pa.decode_launch(q, kc, vc, bt, sl, SCALE, num_splits=1, order=torch.zeros(5, dtype=torch.int32))
+    assert launch.grid == ((HK, 5, 1) if head_major else (5, HK, 1)) and launch.consts["ORDERED"]
+    order = torch.argsort(sl, descending=True).to(torch.int32)
+    assert order.tolist() != list(range(len(ctx)))
+    ordered = paged_decode_attention(q, kc, vc, bt, sl, SCALE, num_splits=1, order=order)
+    assert torch.equal(ordered, plain)
+    assert max_err(plain, ref.decode_attention(q, kc, vc, bt, sl, SCALE)) < ATOL[torch.float32]
+    with pytest.raises(ValueError, match="order"):
+        paged_decode_attention(q, kc, vc, bt, sl, SCALE, num_splits=1, order=order.long())
+
+
+def test_wants_order(monkeypatch):
+    cpu = torch.device("cpu")  # counted as 4 SMs
+    assert pa.wants_order(2, 2, cpu) and not pa.wants_order(1, 2, cpu)
+    monkeypatch.setattr(pa, "DECODE_LONGEST_FIRST", False)
+    assert not pa.wants_order(64, 8, cpu)
+
+
 def test_choose_num_splits():
     assert choose_num_splits(1, 8, 4096, 132) == 32  # limited by >= 128 keys per split
     assert choose_num_splits(1, 8, 100_000, 132) == 33  # ~2 waves of programs
@@ -209,6 +237,40 @@ def test_gpu_decode(dtype, num_splits, window, alibi):
     out = paged_decode_attention(q, kc, vc, bt, sl, scale, window, slopes, num_splits=num_splits)
     expect = ref.decode_attention(*_fp32_args([q, kc, vc, bt, sl, scale, window, slopes]))
     assert max_err(out, expect) < GPU_ATOL[dtype]
+
+
+@gpu
+def test_gpu_wide_decode_longest_first_in_cuda_graph():
+    """The W2 regime: batch x KV heads >= SMs, the rows sorted on the device inside the graph (as
+    AttentionMetadata.decode_order does), head-major dispatch; replays with new lengths match the
+    reference, and padding rows (length 0) get zeros."""
+    rng = torch.Generator().manual_seed(3)
+    ctx = torch.randint(1, 1500, (40,), generator=rng).tolist()
+    q, kc, vc, bt, _, sl = make_paged(ctx, [1] * 40, GPU_H, GPU_HK, GPU_D, 16, torch.bfloat16, "cuda")
+    assert pa.wants_order(40, GPU_HK, q.device)
+    scale = GPU_D**-0.5
+    out = torch.empty_like(q)
+
+    def step():
+        order = torch.argsort(sl, descending=True).to(torch.int32)
+        paged_decode_attention(q, kc, vc, bt, sl, scale, out=out, num_splits=1, order=order)
+
+    step()  # compile outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(3):
+        lens = (torch.rand(40, generator=rng) * torch.tensor(ctx)).to(torch.int32)  # within each table
+        lens[-3:] = 0
+        sl.copy_(lens)
+        q.normal_()
+        graph.replay()
+        torch.cuda.synchronize()
+        live = sl > 0
+        expect = ref.decode_attention(*_fp32_args([q[live], kc, vc, bt[live], sl[live], scale]))
+        assert max_err(out[live], expect) < GPU_ATOL[torch.bfloat16]
+        assert torch.all(out[~live] == 0)
 
 
 @gpu
