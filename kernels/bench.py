@@ -424,30 +424,62 @@ def _sweep_fused_decode(pa, key: str, dtype, device, timer: Timer, tiny: bool, c
 
 RAGGED_BATCHES = (24, 48, 96, 160, 256)
 RAGGED_SWEEP = [1, 2, 4, 8]  # num_splits
+DISPATCH = {"plain": (False, False), "head-major": (True, False), "longest-first": (False, True),
+            "both": (True, True)}  # fmt: skip
 
 
 def sweep_ragged(dtype, device, timer: Timer, tiny: bool) -> None:
     """Decode attention over ragged contexts (uniform in 256-2048 keys, as in W2's steps) at batch
-    sizes that fill the SMs one to a few times, by split count (paged_attention.MID_BATCH_SPLITS)."""
+    sizes that fill the SMs one to a few times: by split count (paged_attention.MID_BATCH_SPLITS), then
+    unsplit by dispatch order (DECODE_HEAD_MAJOR, and `order` longest first), then the wide tile
+    configurations at the largest batch with the engine's dispatch. GB/s of K/V read; the first line is
+    what a plain streaming read (torch sum over 2 GiB) reaches on this device."""
     from kernels import paged_attention as pa
 
+    stream = torch.ones((1 << 20) if tiny else (1 << 30), dtype=torch.bfloat16, device=device)
+    t = timer.eager(stream.sum)
+    print(f"# streaming read: {stream.numel() * 2 / t / 1e9:.0f} GB/s")
+    del stream
     print("# ragged decode: num_splits -> us (GB/s of K/V read)")
     gen = torch.Generator().manual_seed(0)
-    for b in (4,) if tiny else RAGGED_BATCHES:
-        top = 64 if tiny else 2048
-        q, kc, vc, bt, _, _ = _paged(b, top, 1, dtype, device)
-        sl = torch.randint(top // 8, top + 1, (b,), generator=gen).to(device=device, dtype=torch.int32)
-        kv_bytes = int(sl.sum()) * NUM_KV_HEADS * HEAD_DIM * 2 * kc.element_size()
+    key = "interpret" if device.type == "cpu" else ("fp32" if dtype == torch.float32 else "16bit_wide")
+    defaults = pa.DECODE_HEAD_MAJOR, pa.DECODE_CONFIGS[key]
+
+    def timed(batch, splits, ordered: bool) -> str:
+        q, kc, vc, bt, sl, order, nbytes = batch
+        o = order if ordered else None
+        fn = lambda: pa.paged_decode_attention(q, kc, vc, bt, sl, HEAD_DIM**-0.5, num_splits=splits, order=o)
+        t = timer.graph(fn) or timer.eager(fn)
+        return f"{t * 1e6:.1f} ({nbytes / t / 1e9:.0f})"
+
+    try:
+        for b in (4,) if tiny else RAGGED_BATCHES:
+            top = 64 if tiny else 2048
+            q, kc, vc, bt, _, _ = _paged(b, top, 1, dtype, device)
+            sl = torch.randint(top // 8, top + 1, (b,), generator=gen).to(device=device, dtype=torch.int32)
+            order = torch.argsort(sl, descending=True).to(torch.int32)
+            kv_bytes = int(sl.sum()) * NUM_KV_HEADS * HEAD_DIM * 2 * kc.element_size()
+            batch = (q, kc, vc, bt, sl, order, kv_bytes)
+            auto = pa.choose_num_splits(b, NUM_KV_HEADS, 4096, pa._sm_count(device))
+            row = "  ".join(f"{s}={timed(batch, s, False)}" for s in ([1, 2] if tiny else RAGGED_SWEEP))
+            print(f"ragged B={b} ({kv_bytes / 1e6:.0f} MB): engine {auto}; {row}")
+            cells = []
+            for name, (head_major, ordered) in DISPATCH.items():
+                pa.DECODE_HEAD_MAJOR = head_major
+                cells.append(f"{name}={timed(batch, 1, ordered)}")
+            pa.DECODE_HEAD_MAJOR = defaults[0]
+            print(f"  unsplit by dispatch: {'  '.join(cells)}")
         cells = []
-        for splits in [1, 2] if tiny else RAGGED_SWEEP:
-            fn = lambda q=q, kc=kc, vc=vc, bt=bt, sl=sl, s=splits: pa.paged_decode_attention(
-                q, kc, vc, bt, sl, HEAD_DIM**-0.5, num_splits=s
-            )
-            t = timer.graph(fn) or timer.eager(fn)
-            cells.append((t, splits))
-        auto = pa.choose_num_splits(b, NUM_KV_HEADS, 4096, pa._sm_count(device))
-        row = "  ".join(f"{s}={t * 1e6:.1f} ({kv_bytes / t / 1e9:.0f})" for t, s in cells)
-        print(f"ragged B={b} ({kv_bytes / 1e6:.0f} MB): engine {auto}; {row}")
+        ordered = pa.wants_order(b, NUM_KV_HEADS, device)
+        for cfg in [(16, 4, 1)] if tiny else DECODE_SWEEP:
+            pa.DECODE_CONFIGS[key] = cfg
+            try:
+                cells.append(f"{cfg}={timed(batch, 1, ordered)}")
+            except Exception as exc:  # a config the chip cannot hold
+                cells.append(f"{cfg}={type(exc).__name__}")
+        print(f"  B={b} (BLOCK_N, warps, stages), engine dispatch: {'  '.join(cells)}")
+    finally:
+        pa.DECODE_HEAD_MAJOR, pa.DECODE_CONFIGS[key] = defaults
 
 
 def main(argv: list[str] | None = None) -> int:

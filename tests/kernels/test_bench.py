@@ -34,8 +34,12 @@ def test_tiny_cpu_sweep_covers_the_fused_decode_launch(capsys):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny CPU run is for machines without CUDA")
 def test_tiny_cpu_ragged_sweep_times_each_split_count(capsys):
     assert bench.main(["--tiny", "--sweep-ragged", "--reps", "1"]) == 0
-    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("ragged B=4"))
+    out = capsys.readouterr().out.splitlines()
+    line = next(x for x in out if x.startswith("ragged B=4"))
     assert "engine 1;" in line and " 1=" in line and " 2=" in line
+    dispatch = next(x for x in out if x.strip().startswith("unsplit by dispatch:"))
+    assert all(f"{name}=" in dispatch for name in ("plain", "head-major", "longest-first", "both"))
+    assert any(x.startswith("# streaming read:") for x in out)
 
 
 def test_unknown_kernel_is_rejected():
