@@ -199,7 +199,7 @@ def _decode_kernel(
     cs_ptr,  # FUSE_QK: (max_positions, head_dim) float32 [cos | sin]
     slot_ptr,  # FUSE_QK: (batch,) int cache slots; < 0 = padding
     counter_ptr,  # FUSED_REDUCE: (batch * num_kv_heads,) int32 zeros, left zeroed
-    order_ptr,  # ORDERED: (batch,) int32, the sequences longest first
+    order_ptr,  # ORDERED: (batch,) int32, the batch rows in the order their programs are dispatched
     scale_log2,
     stride_qb,
     stride_qh,
@@ -229,7 +229,8 @@ def _decode_kernel(
     HEAD_MAJOR: tl.constexpr,  # grid (num_kv_heads, batch, NUM_SPLITS): a sequence's heads together
     ORDERED: tl.constexpr,  # the grid's sequence index i runs sequence order[i]
 ):
-    """One (sequence, KV head, split) per program: grid (batch, num_kv_heads, NUM_SPLITS)."""
+    """One (sequence, KV head, split) per program: grid (batch, num_kv_heads, NUM_SPLITS), or
+    (num_kv_heads, batch, NUM_SPLITS) HEAD_MAJOR; ORDERED, the grid's batch index goes through order."""
     if HEAD_MAJOR:
         b = tl.program_id(1)
         kvh = tl.program_id(0)
