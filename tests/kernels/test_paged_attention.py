@@ -263,14 +263,7 @@ def test_gpu_wide_decode_longest_first_in_cuda_graph():
     for _ in range(3):
         lens = (torch.rand(40, generator=rng) * torch.tensor(ctx)).to(torch.int32)  # within each table
         lens[-3:] = 0
-        sl.copy_(lens)
-        q.normal_()
-        graph.replay()
-        torch.cuda.synchronize()
-        live = sl > 0
-        expect = ref.decode_attention(*_fp32_args([q[live], kc, vc, bt[live], sl[live], scale]))
-        assert max_err(out[live], expect) < GPU_ATOL[torch.bfloat16]
-        assert torch.all(out[~live] == 0)
+        _replay_matches(graph, lens, q, kc, vc, bt, sl, scale, out)
 
 
 @gpu
@@ -286,11 +279,17 @@ def test_gpu_decode_in_cuda_graph():
     with torch.cuda.graph(graph):
         paged_decode_attention(q, kc, vc, bt, sl, scale, out=out, max_seq_len=bound)
     for lens in ([100, 700, 1500, 3], [101, 1, 1400, 4], [0, 650, 1501, 16]):
-        sl.copy_(torch.tensor(lens, dtype=torch.int32))
-        q.normal_()
-        graph.replay()
-        torch.cuda.synchronize()
-        live = sl > 0
-        expect = ref.decode_attention(*_fp32_args([q[live], kc, vc, bt[live], sl[live], scale]))
-        assert max_err(out[live], expect) < GPU_ATOL[torch.bfloat16]
-        assert torch.all(out[~live] == 0)
+        _replay_matches(graph, torch.tensor(lens, dtype=torch.int32), q, kc, vc, bt, sl, scale, out)
+
+
+def _replay_matches(graph, lens, q, kc, vc, bt, sl, scale, out) -> None:
+    """Replays a captured decode launch with new lengths and a new q: the live rows match the fp32
+    reference, the padding rows (length 0) are zeros."""
+    sl.copy_(lens)
+    q.normal_()
+    graph.replay()
+    torch.cuda.synchronize()
+    live = sl > 0
+    expect = ref.decode_attention(*_fp32_args([q[live], kc, vc, bt[live], sl[live], scale]))
+    assert max_err(out[live], expect) < GPU_ATOL[torch.bfloat16]
+    assert torch.all(out[~live] == 0)
