@@ -45,6 +45,17 @@ def _bias(
     return bias
 
 
+def gather_blocks(
+    cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    blocks: torch.Tensor,  # (...) int block ids
+) -> torch.Tensor:  # (*blocks.shape, block_size, num_kv_heads, head_dim)
+    """cache[blocks] as one index_select over whole blocks (on the CPU several times faster than
+    advanced indexing, which copies element by element)."""
+    nb, bs, hk, d = cache.shape
+    rows = cache.reshape(nb, bs * hk * d).index_select(0, blocks.reshape(-1).long())
+    return rows.view(*blocks.shape, bs, hk, d)
+
+
 def gather_kv(
     cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
     block_table: torch.Tensor,  # (max_blocks,) int32
@@ -52,7 +63,7 @@ def gather_kv(
 ) -> torch.Tensor:  # (length, num_kv_heads, head_dim)
     nb, bs, hk, d = cache.shape
     n_blocks = (length + bs - 1) // bs
-    return cache[block_table[:n_blocks].long()].reshape(n_blocks * bs, hk, d)[:length]
+    return gather_blocks(cache, block_table[:n_blocks]).reshape(n_blocks * bs, hk, d)[:length]
 
 
 def paged_attention(
@@ -108,9 +119,9 @@ def decode_attention(
     group = h // hk
     max_len = int(seq_lens.max())
     n_blocks = (max_len + bs - 1) // bs
-    idx = block_tables[:, :n_blocks].long()
-    k = k_cache[idx].view(b, n_blocks * bs, hk, d)[:, :max_len].transpose(1, 2).to(q.dtype)  # (b, hk, L, d)
-    v = v_cache[idx].view(b, n_blocks * bs, hk, d)[:, :max_len].transpose(1, 2).to(q.dtype)
+    idx = block_tables[:, :n_blocks]
+    k = gather_blocks(k_cache, idx).view(b, n_blocks * bs, hk, d)[:, :max_len].transpose(1, 2).to(q.dtype)
+    v = gather_blocks(v_cache, idx).view(b, n_blocks * bs, hk, d)[:, :max_len].transpose(1, 2).to(q.dtype)
     pos = torch.arange(max_len, device=q.device)
     valid = pos[None, :] < seq_lens[:, None]  # (b, L)
     if sliding_window is not None:

@@ -1,4 +1,4 @@
-"""store_kv vs kernels.reference.store_kv."""
+"""store_kv vs kernels.reference.store_kv, and the reference block gather."""
 
 from __future__ import annotations
 
@@ -58,3 +58,13 @@ def test_store_kv_rejects_bad_shapes():
 def test_gpu_store_kv(dtype):
     caches, expect = _run(dtype, 16, "cuda", strided=True)
     assert torch.equal(caches[0], expect[0]) and torch.equal(caches[1], expect[1])
+
+
+def test_gather_blocks_equals_advanced_indexing():
+    """The CPU path's block gather (one index_select over whole blocks) returns what cache[blocks]
+    does, for a block table and for one sequence's row, and gather_kv cuts it at the length."""
+    cache = torch.randn(9, 16, 2, 8)
+    table = torch.tensor([[3, 0, 7], [8, 8, 1]], dtype=torch.int32)
+    assert torch.equal(ref.gather_blocks(cache, table), cache[table.long()])
+    assert torch.equal(ref.gather_blocks(cache, table[1]), cache[table[1].long()])
+    assert torch.equal(ref.gather_kv(cache, table[0], 40), cache[table[0].long()].reshape(48, 2, 8)[:40])
