@@ -26,19 +26,16 @@ class AttentionMetadata:
     prefill_seq_lens: torch.Tensor | None  # (num_prefills,) int32
     prefill_max_q: int = 0
     decode_max_seq_len: int = 0  # python int: bound for split-K kernels (no host sync)
-    _decode_order: torch.Tensor | None = field(default=None, init=False, repr=False)
+    _decode_order: tuple[torch.Tensor | None] | None = field(default=None, init=False, repr=False)
 
-    def decode_order(self, num_kv_heads: int, like: torch.Tensor) -> torch.Tensor | None:
-        """The decodes' rows longest first where the decode kernel takes them (a wide batch on Triton's
-        kernels), else None: sorted on the device once per step (inside a captured graph, once per
-        replay), shared by every layer."""
-        nd = self.num_decodes
-        if not nd or not ops.decode_wants_order(nd, num_kv_heads, like):
-            return None
+    def decode_order(self, num_kv_heads: int) -> torch.Tensor | None:
+        """The decodes' rows longest first where the decode kernel takes them (ops.decode_order: a wide
+        batch on Triton's kernels), else None. Decided and sorted on the device once per step (inside a
+        captured graph, once per replay), shared by every layer."""
         if self._decode_order is None:
-            lens = self.decode_seq_lens[:nd]
-            self._decode_order = torch.argsort(lens, descending=True).to(torch.int32)
-        return self._decode_order
+            nd = self.num_decodes
+            self._decode_order = (ops.decode_order(self.decode_seq_lens[:nd], num_kv_heads) if nd else None,)
+        return self._decode_order[0]
 
 
 def paged_attention(
@@ -51,7 +48,7 @@ def paged_attention(
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
     nd = meta.num_decodes
     max_len = meta.decode_max_seq_len or None  # None inside CUDA graphs: bound by the table width
-    order = meta.decode_order(k_cache.shape[2], q)
+    order = meta.decode_order(k_cache.shape[2])
     if meta.prefill_block_tables is None:
         return ops.decode_attention(
             q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale, sliding_window,
@@ -103,7 +100,7 @@ def attention_block(
         o = ops.qk_norm_rope_decode_attention(
             q, k, v, q_norm_weight, k_norm_weight, eps, positions, cos_sin, kv_cache[0], kv_cache[1],
             meta.slot_mapping, meta.decode_block_tables, meta.decode_seq_lens, scale, sliding_window,
-            max_seq_len=meta.decode_max_seq_len or None, order=meta.decode_order(num_kv_heads, q),
+            max_seq_len=meta.decode_max_seq_len or None, order=meta.decode_order(num_kv_heads),
         )  # fmt: skip
         return o.reshape(t, q_size)
     q, _ = ops.qk_norm_rope_store_kv(

@@ -457,7 +457,7 @@ def sweep_ragged(dtype, device, timer: Timer, tiny: bool) -> None:
             top = 64 if tiny else 2048
             q, kc, vc, bt, _, _ = _paged(b, top, 1, dtype, device)
             sl = torch.randint(top // 8, top + 1, (b,), generator=gen).to(device=device, dtype=torch.int32)
-            order = torch.argsort(sl, descending=True).to(torch.int32)
+            order = pa.longest_first(sl)
             kv_bytes = int(sl.sum()) * NUM_KV_HEADS * HEAD_DIM * 2 * kc.element_size()
             batch = (q, kc, vc, bt, sl, order, kv_bytes)
             auto = pa.choose_num_splits(b, NUM_KV_HEADS, 4096, pa._sm_count(device))

@@ -389,7 +389,8 @@ def decode_layer_tail(
     _check_tail(a, residual, w)
     a, residual = a.contiguous(), residual.contiguous()
     interp, cfg, fused = _mode(a, config, fused)
-    if trace is not None and not (fused and trace.dtype == torch.int64 and trace.is_contiguous()):
+    traceable = fused and trace is not None and trace.dtype == torch.int64 and trace.is_contiguous()
+    if trace is not None and not (traceable and trace.dim() == 2 and trace.shape[1] == TRACE_POINTS.value):
         raise ValueError("trace: a contiguous int64 (programs, TRACE_POINTS) tensor, one launch only")
     tail = _tail_launch(a, residual, w, interp, trace)
     if not fused:
@@ -403,6 +404,8 @@ def decode_layer_tail(
             _decode_tail_kernel, (a.device.index, a.dtype, cfg, tail.key), cfg, tail.launch, extra
         )
     programs, args, consts = tail.launch(cfg)
+    if trace is not None and trace.shape[0] < programs:  # every program writes its own row
+        raise ValueError(f"trace: {trace.shape[0]} rows for {programs} programs")
     _decode_tail_kernel[(programs,)](*args, FIRST=1, **consts, **extra)
     return tail.result
 

@@ -113,7 +113,7 @@ def decode_attention(
     out: torch.Tensor | None = None,
     max_seq_len: int | None = None,
     num_splits: int | None = None,
-    order: torch.Tensor | None = None,  # (batch,) int32: the rows longest first (decode_wants_order)
+    order: torch.Tensor | None = None,  # (batch,) int32: the rows longest first (decode_order)
 ) -> torch.Tensor:  # (batch, num_heads, head_dim)
     if not use_triton(q):
         res = ref.decode_attention(
@@ -128,14 +128,15 @@ def decode_attention(
     )  # fmt: skip
 
 
-def decode_wants_order(batch: int, num_kv_heads: int, like: torch.Tensor) -> bool:
-    """Whether decode attention over `batch` sequences takes an `order` (the rows longest first: the
-    kernel starts the longest contexts first); False where the kernels are not Triton's."""
-    if not use_triton(like):
-        return False
-    from kernels.paged_attention import wants_order
+def decode_order(seq_lens: torch.Tensor, num_kv_heads: int) -> torch.Tensor | None:
+    """The `order` decode attention over these sequences takes (the rows longest first: the kernel
+    starts the longest contexts first), or None where it takes none (a narrow batch, or kernels that
+    are not Triton's)."""
+    if not use_triton(seq_lens):
+        return None
+    from kernels.paged_attention import longest_first, wants_order
 
-    return wants_order(batch, num_kv_heads, like.device)
+    return longest_first(seq_lens) if wants_order(seq_lens.shape[0], num_kv_heads, seq_lens.device) else None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -396,7 +397,7 @@ def qk_norm_rope_decode_attention(
     sliding_window: int | None = None,
     *,
     max_seq_len: int | None = None,
-    order: torch.Tensor | None = None,  # (batch,) int32: the rows longest first (decode_wants_order)
+    order: torch.Tensor | None = None,  # (batch,) int32: the rows longest first (decode_order)
 ) -> torch.Tensor:  # (batch, num_heads, head_dim)
     """qk_norm_rope_store_kv + decode_attention of a decode-only batch; on CUDA one launch, which
     leaves q and k as they are (the two-step path rotates them in place)."""

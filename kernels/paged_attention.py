@@ -445,6 +445,12 @@ def wants_order(batch: int, num_kv_heads: int, device: torch.device) -> bool:
     return DECODE_LONGEST_FIRST and _wide(batch, num_kv_heads, device)
 
 
+def longest_first(seq_lens: torch.Tensor) -> torch.Tensor:  # (batch,) int32
+    """The batch rows by descending length: the `order` the decode attention takes (a device sort, no
+    host sync, CUDA-graph safe)."""
+    return torch.argsort(seq_lens, descending=True).to(torch.int32)
+
+
 def _wide(batch: int, num_kv_heads: int, device: torch.device) -> bool:
     return batch * num_kv_heads >= _sm_count(device)
 
@@ -698,7 +704,12 @@ class DecodeLaunch(NamedTuple):
     warps: int
     stages: int
     partials: tuple[torch.Tensor, torch.Tensor] | None  # (part_out, part_lse) left for a merge launch
-    grid: tuple[int, int, int] = (0, 0, 0)  # items, or (num_kv_heads, batch, num_splits) HEAD_MAJOR
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        """items, or (num_kv_heads, batch, num_splits) for a HEAD_MAJOR launch."""
+        b, hk, splits = self.items
+        return (hk, b, splits) if self.consts.get("HEAD_MAJOR") else self.items
 
 
 def decode_launch(
@@ -742,7 +753,8 @@ def decode_launch(
     if not 1 <= num_splits <= 1024:
         raise ValueError("num_splits must be in [1, 1024]")
     key = _config_key(q)
-    if key == "16bit" and _wide(b, hk, q.device):
+    wide = _wide(b, hk, q.device)
+    if key == "16bit" and wide:
         key = "16bit_wide"
     block_n, warps, stages = DECODE_CONFIGS[key]
     fused_reduce = fused_reduce and num_splits > 1 and b * hk <= _MAX_COUNTERS
@@ -753,7 +765,7 @@ def decode_launch(
         part_out = part_lse = out
     group = h // hk
     has_norm = nt is not None and nt.q_norm_weight is not None
-    head_major = DECODE_HEAD_MAJOR and num_splits == 1 and _wide(b, hk, q.device)
+    head_major = DECODE_HEAD_MAJOR and num_splits == 1 and wide
     if order is not None and (order.shape != (b,) or order.dtype != torch.int32):
         raise ValueError("order must be (batch,) int32, a permutation of the batch rows")
     args = (
@@ -775,8 +787,7 @@ def decode_launch(
         ORDERED=order is not None,
     )  # fmt: skip
     partials = (part_out, part_lse) if num_splits > 1 and not fused_reduce else None
-    grid = (hk, b, num_splits) if head_major else (b, hk, num_splits)
-    return DecodeLaunch(args, consts, (b, hk, num_splits), out, warps, stages, partials, grid)
+    return DecodeLaunch(args, consts, (b, hk, num_splits), out, warps, stages, partials)
 
 
 def _check_new_token(q: torch.Tensor, nt: NewTokenQK, hk: int) -> None:

@@ -1,5 +1,5 @@
-"""AttentionMetadata.decode_order: the decode rows longest first, sorted once per step, only where the
-decode kernel takes an order."""
+"""AttentionMetadata.decode_order: the decode rows longest first, decided and sorted once per step,
+only where the decode kernel takes an order."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import torch
 
 from engine import attention
 from engine.attention import AttentionMetadata
+from kernels import dispatch
 
 
 def _meta(lens: list[int]) -> AttentionMetadata:
@@ -23,20 +24,29 @@ def _meta(lens: list[int]) -> AttentionMetadata:
 
 def test_no_order_without_triton_kernels():
     meta = _meta([5, 9, 1])
-    assert meta.decode_order(2, torch.zeros(1)) is None  # CPU tensors take the torch reference path
+    assert meta.decode_order(2) is None  # CPU tensors take the torch reference path
+    assert dispatch.decode_order(torch.tensor([5, 9, 1], dtype=torch.int32), 2) is None
 
 
-def test_order_is_longest_first_and_computed_once(monkeypatch):
+def test_order_is_longest_first_and_decided_once(monkeypatch):
+    from kernels import paged_attention as pa
+
     asked = []
-    monkeypatch.setattr(
-        attention.ops, "decode_wants_order", lambda batch, hk, like: asked.append((batch, hk)) or batch >= 3
-    )
+
+    def decode_order(seq_lens, hk):  # dispatch.decode_order as on a GPU that takes batches >= 3
+        asked.append((seq_lens.shape[0], hk))
+        return pa.longest_first(seq_lens) if seq_lens.shape[0] >= 3 else None
+
+    monkeypatch.setattr(attention.ops, "decode_order", decode_order)
     meta = _meta([5, 9, 1, 7])
-    order = meta.decode_order(2, torch.zeros(1))
+    order = meta.decode_order(2)
     assert order.dtype == torch.int32 and order.tolist() == [1, 3, 0, 2]
-    assert meta.decode_order(2, torch.zeros(1)) is order  # every layer of the step shares the sort
-    assert asked == [(4, 2), (4, 2)]
-    assert _meta([5, 9]).decode_order(2, torch.zeros(1)) is None  # a batch the kernel takes unordered
+    assert meta.decode_order(2) is order  # every layer of the step shares the sort
+    assert asked == [(4, 2)]
+    narrow = _meta([5, 9])
+    assert narrow.decode_order(2) is None and narrow.decode_order(2) is None  # a batch taken unordered
+    assert asked == [(4, 2), (2, 2)]  # ... decided once too
     empty = _meta([])
     empty.num_decodes, empty.decode_seq_lens = 0, None
-    assert empty.decode_order(2, torch.zeros(1)) is None
+    assert empty.decode_order(2) is None
+    assert len(asked) == 2

@@ -83,6 +83,24 @@ def test_decode_tail_trace_needs_the_one_launch():
         decode_layer_tail(torch.zeros(1, 32), torch.zeros(1, 32), w, trace=trace)
 
 
+def test_decode_tail_trace_needs_a_row_per_program():
+    """The one launch as compiled for the H200 (recorded, not run: 132 SMs x 2 programs) refuses a trace
+    with too few rows or the wrong number of points, which its programs would write past."""
+    from kernels._jit import record_launches
+    from kernels.decode_tail import TRACE_POINTS
+
+    w = _weights(32, 32, 48, 64, torch.float16)
+    a, res = torch.zeros(1, 32, dtype=torch.float16), torch.zeros(1, 32, dtype=torch.float16)
+    with record_launches() as launches:
+        for shape in ((8, TRACE_POINTS.value), (264, TRACE_POINTS.value - 1)):
+            with pytest.raises(ValueError, match="trace"):
+                decode_layer_tail(a, res, w, trace=torch.zeros(shape, dtype=torch.int64))
+        assert not launches
+        decode_layer_tail(a, res, w, trace=torch.zeros((264, TRACE_POINTS.value), dtype=torch.int64))
+    ((_, grid, _, kwargs),) = launches
+    assert grid == (264,) and kwargs["TRACE"]
+
+
 QWEN3_06B = (1024, 2048, 3072, 4096)  # hidden, attention width, intermediate, qkv
 
 

@@ -147,8 +147,8 @@ def test_decode_order_and_head_major_change_no_value(head_major, monkeypatch):
     monkeypatch.setattr(pa, "DECODE_HEAD_MAJOR", head_major)
     launch = pa.decode_launch(q, kc, vc, bt, sl, SCALE, num_splits=1, order=torch.zeros(5, dtype=torch.int32))
     assert launch.grid == ((HK, 5, 1) if head_major else (5, HK, 1)) and launch.consts["ORDERED"]
-    order = torch.argsort(sl, descending=True).to(torch.int32)
-    assert order.tolist() != list(range(len(ctx)))
+    order = pa.longest_first(sl)
+    assert order.dtype == torch.int32 and order.tolist() == [1, 4, 2, 0, 3]
     ordered = paged_decode_attention(q, kc, vc, bt, sl, SCALE, num_splits=1, order=order)
     assert torch.equal(ordered, plain)
     assert max_err(plain, ref.decode_attention(q, kc, vc, bt, sl, SCALE)) < ATOL[torch.float32]
@@ -252,7 +252,7 @@ def test_gpu_wide_decode_longest_first_in_cuda_graph():
     out = torch.empty_like(q)
 
     def step():
-        order = torch.argsort(sl, descending=True).to(torch.int32)
+        order = pa.longest_first(sl)  # as AttentionMetadata.decode_order sorts
         paged_decode_attention(q, kc, vc, bt, sl, scale, out=out, num_splits=1, order=order)
 
     step()  # compile outside capture
