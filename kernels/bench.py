@@ -664,6 +664,19 @@ def sweep_tail(dtype, device, reps: int = 10) -> None:
         print("    top: " + "  ".join(f"{tuple(c)}={t * 1e6:.2f}" for t, c, _ in results[:6]))
         t_default = _streamed(lambda i, a=a, res=res: decode_layer_tail(a, res, ws[i]), copies, reps)
         print(f"    default config: {t_default * 1e6:.2f} us")
+        try:
+            from kernels import decode_tail_tma as tma
+        except ImportError as exc:  # a Triton without Gluon's Hopper TMA
+            print(f"    TMA tail: unavailable ({exc})")
+            continue
+        if not tma.fits(m, dtype, ws[0], device):
+            print("    TMA tail: does not fit these shapes or this device")
+            continue
+        got, _ = tma.decode_layer_tail(a, res, ws[0])
+        err = _err(got, expect) / expect.abs().max().item()
+        t_tma = _streamed(lambda i, a=a, res=res: tma.decode_layer_tail(a, res, ws[i]), copies, reps)
+        print(f"    TMA tail (kernels.decode_tail_tma): {t_tma * 1e6:.2f} us ({gbs / t_tma:.2f} TB/s) "
+              f"rel_err {err:.1e}")  # fmt: skip
 
 
 def _gemv_sweep_configs(m: int) -> list:

@@ -316,6 +316,20 @@ def add_rms_norm_linear(
 
 
 DECODE_TAIL = True  # the one-launch layer tail at batch 1 on CUDA (kernels.decode_tail); False: per op
+# that tail with its weights copied in by TMA (kernels.decode_tail_tma) where it fits: W3 1,200-1,211
+# tok/s against 1,176-1,187 with kernels.decode_tail (H200, pairs on one machine)
+DECODE_TAIL_TMA = True
+
+
+def _tail_tma(x: torch.Tensor, w: ref.TailWeights):
+    """kernels.decode_tail_tma where it takes this batch (Hopper, Gluon, shapes that divide), else None."""
+    if not (DECODE_TAIL_TMA and DECODE_TAIL and use_triton(x) and x.dim() == 2):
+        return None
+    try:
+        from kernels import decode_tail_tma
+    except ImportError:  # a Triton without Gluon's Hopper TMA
+        return None
+    return decode_tail_tma if decode_tail_tma.fits(x.shape[0], x.dtype, w, x.device) else None
 
 
 def _tail_fused(x: torch.Tensor, w: ref.TailWeights) -> bool:
@@ -333,8 +347,12 @@ def decode_layer_tail(
     w: ref.TailWeights,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (next layer's qkv (M, NQ) or the MLP output (M, H), residual)
     """o projection, residual add + RMSNorm + gate_up, SiLU + down and (w.qkv_next) the next layer's
-    residual add + RMSNorm + qkv: on CUDA at decode batch 1 one persistent launch (kernels.decode_tail),
-    elsewhere the ops above one by one (which may consume `residual`, as add_rms_norm_linear does)."""
+    residual add + RMSNorm + qkv: on CUDA at decode batch 1 one persistent launch (kernels.decode_tail_tma
+    where it fits, else kernels.decode_tail), elsewhere the ops above one by one (which may consume
+    `residual`, as add_rms_norm_linear does)."""
+    tma = _tail_tma(a, w) if residual.dtype == a.dtype else None
+    if tma is not None:
+        return tma.decode_layer_tail(a, residual, w)
     if _tail_fused(a, w) and residual.dtype == a.dtype:
         from kernels import decode_tail
 

@@ -28,14 +28,21 @@ def _inputs(dtype, device, copies: int):
     return tail_layers(dtype, device, copies), a, res
 
 
-def timeline(dtype=torch.bfloat16, reps: int = 20, copies: int = 8) -> tuple[int, dict[str, list[tuple]]]:
-    """(programs, {"HBM" | "L2": [(point, earliest, median, latest) in us]}) at the Qwen3-0.6B shapes."""
-    from kernels.decode_tail import TRACE_POINTS, decode_layer_tail
+def timeline(dtype=torch.bfloat16, reps: int = 20, copies: int = 8, tma: bool = False
+             ) -> tuple[int, dict[str, list[tuple]]]:  # fmt: skip
+    """(programs, {"HBM" | "L2": [(point, earliest, median, latest) in us]}) at the Qwen3-0.6B shapes;
+    tma: kernels.decode_tail_tma's launch (its own points) instead of kernels.decode_tail's."""
+    if tma:
+        from kernels.decode_tail_tma import POINTS as points
+        from kernels.decode_tail_tma import decode_layer_tail
+    else:
+        from kernels.decode_tail import TRACE_POINTS, decode_layer_tail
 
-    assert len(POINTS) == TRACE_POINTS.value
+        points = POINTS
+        assert len(POINTS) == TRACE_POINTS.value
     device = torch.device("cuda")
     ws, a, res = _inputs(dtype, device, copies)
-    trace = torch.zeros((4096, len(POINTS)), dtype=torch.int64, device=device)
+    trace = torch.zeros((4096, len(points)), dtype=torch.int64, device=device)
     out = {}
     for where, traced in (("HBM", 0), ("L2", copies - 1)):
         per_rep = []
@@ -49,7 +56,7 @@ def timeline(dtype=torch.bfloat16, reps: int = 20, copies: int = 8) -> tuple[int
             per_rep.append(((t - t[:, 0].min()).double() / 1e3).cpu())
         per_rep = per_rep[1:]
         rows = []
-        for i, point in enumerate(POINTS):
+        for i, point in enumerate(points):
             stats = [(float(t[:, i].min()), float(t[:, i].median()), float(t[:, i].max())) for t in per_rep]
             rows.append((point, *(statistics.median(s[j] for s in stats) for j in range(3))))
         out[where] = rows
@@ -62,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=20, help="traced launches per case (medians over them)")
     parser.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
                         help="flip a switch first, e.g. kernels.decode_tail.COOPERATIVE=False")  # fmt: skip
+    parser.add_argument("--tma", action="store_true", help="trace kernels.decode_tail_tma instead")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device")
@@ -73,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if switches:
         print("switches: " + ", ".join(f"{k}={v}" for k, v in switches.items()))
-    programs, cases = timeline(reps=args.reps)
+    programs, cases = timeline(reps=args.reps, tma=args.tma)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"# {programs} programs on {sms} SMs (the stamps' CTA barriers cost registers: maybe fewer per SM)")
     for where, rows in cases.items():

@@ -83,15 +83,26 @@ def test_bf16_parity_and_graphs(ckpt):
     print(f"bf16: {len(ps)} prompts, near-tie divergences: graphs {ties}, eager {eager_ties}")
 
 
-def test_batch_one_layers_match_hf(ckpt):
+@pytest.mark.parametrize("tma", [False, True])
+def test_batch_one_layers_match_hf(ckpt, tma, monkeypatch):
     """Requests one at a time (decode batch 1), where each layer's tail from o_proj to the next qkv is
-    one launch (kernels.decode_tail): greedy tokens equal HF's up to near-ties."""
+    one launch (kernels.decode_tail, or with tma kernels.decode_tail_tma, which this model's shapes
+    fit): greedy tokens equal HF's up to near-ties."""
+    from kernels import decode_tail_tma
+    from kernels import dispatch as ops
+
+    monkeypatch.setattr(ops, "DECODE_TAIL_TMA", tma)
+    calls = []
+    launch = decode_tail_tma.decode_layer_tail
+    counted = lambda *a, **k: calls.append(1) or launch(*a, **k)
+    monkeypatch.setattr(decode_tail_tma, "decode_layer_tail", counted)
     ps = prompts()[:4]
     ref = hf_greedy(ckpt, torch.bfloat16, ps)
     llm = LLM(ckpt, dtype="bfloat16", max_model_len=1024)
     ours = [llm.generate([p], GREEDY)[0].token_ids for p in ps]
     ties = compare(ours, ref, bf16_tie)
-    print(f"bf16 batch 1 (one-launch tail): near-tie {ties}")
+    assert bool(calls) == tma  # the TMA tail ran (captured in the graphs) exactly when switched on
+    print(f"bf16 batch 1 (one-launch tail, tma={tma}): near-tie {ties}")
 
 
 def test_wide_batch_longest_first_matches_plain_dispatch(ckpt, monkeypatch):

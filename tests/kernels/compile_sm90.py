@@ -128,6 +128,31 @@ def _compile(fn, args, kwargs):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
+def compile_gluon(fn, args, kwargs):
+    """A Gluon kernel compiled for sm_90 as its launch would (tensor descriptors typed by their blocks)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    kwargs = dict(kwargs)
+    options = {k: kwargs.pop(k) for k in ("num_warps",) if k in kwargs}
+    values = dict(zip(fn.arg_names, args, strict=False)) | kwargs
+    signature, constexprs, attrs = {}, {}, {}
+    for i, name in enumerate(fn.arg_names):
+        v = values[name]
+        if fn.params[i].is_constexpr:
+            signature[name], constexprs[name] = "constexpr", v
+        elif isinstance(v, torch.Tensor):
+            signature[name] = "*" + TYPES[v.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(v, bool | int):
+            signature[name] = "i32"
+        elif isinstance(v, float):
+            signature[name] = "fp32"
+        else:  # a host tensor descriptor
+            signature[name] = v.__mangle__()
+    src = GluonASTSource(fn, signature, constexprs, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
 def _stack_bytes(cubin: bytes, tmp: Path) -> int | None:
     """Spilled bytes per thread, from cuobjdump (None if it is not available)."""
     cuobjdump = os.path.join(NV_BIN, "cuobjdump")
@@ -162,7 +187,42 @@ def main() -> int:
                 spills = bool(stack) and stack > SPILL_TOLERANCE and checked
                 failures += spills
                 print(f"{'SPILL' if spills else 'ok'} {name} shared={compiled.metadata.shared} stack={stack}")
+        failures += _compile_tma_tail(Path(tmp))
     return 1 if failures else 0
+
+
+def _compile_tma_tail(tmp: Path) -> int:
+    """kernels.decode_tail_tma (Gluon) at the Qwen3-0.6B shapes, with and without the next layer's qkv:
+    within the shared memory, no spills, one bulk tensor copy per box. Returns the failures."""
+    try:
+        from kernels import decode_tail_tma as tma
+    except ImportError as exc:
+        print(f"skip _tail_tma_kernel: {exc}")
+        return 0
+    from kernels.reference import TailWeights
+
+    failures = 0
+    r = lambda *shape: torch.zeros(*shape, dtype=torch.bfloat16)
+    for has_next in (True, False):
+        nxt = (r(1024), 1e-6, r(4096, 1024), None) if has_next else (None, 1e-6, None, None)
+        w = TailWeights(r(1024, 2048), None, r(1024), 1e-6, r(6144, 1024), None, r(1024, 3072), None, *nxt)
+        p = tma._plan_for(w, torch.device("cpu"))
+        name = f"_tail_tma_kernel bf16 next={has_next}"
+        try:
+            _, args, kwargs, _ = tma.launch_args(r(1, 2048), r(1, 1024), w, p)
+            compiled = compile_gluon(tma._tail_tma_kernel, args, kwargs)
+        except Exception as exc:
+            print(f"FAIL {name}: {type(exc).__name__}: {exc}")
+            failures += 1
+            continue
+        stack = _stack_bytes(compiled.asm["cubin"], tmp)
+        copies = compiled.asm["ptx"].count("cp.async.bulk.tensor.3d")
+        boxes = p.gu[0] + p.down[1] + p.qkv[0]
+        bad = bool(stack) or copies != boxes or not p.shared <= compiled.metadata.shared <= tma.SHARED_LIMIT
+        failures += bad
+        print(f"{'FAIL' if bad else 'ok'} {name} shared={compiled.metadata.shared} stack={stack} "
+              f"bulk copies={copies} of {boxes} boxes")  # fmt: skip
+    return failures
 
 
 if __name__ == "__main__":
