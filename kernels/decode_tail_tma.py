@@ -156,7 +156,7 @@ def _o_slice(wo_ptr, pid, A: gl.constexpr, R1: gl.constexpr, L: gl.constexpr):
 @gluon.jit
 def _issue_box(j: gl.constexpr, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars,
                GU_NRB: gl.constexpr, GU_BR: gl.constexpr, D_NKB: gl.constexpr, D_BR: gl.constexpr,
-               D_C: gl.constexpr, Q_BR: gl.constexpr, KH: gl.constexpr):  # fmt: skip
+               D_C: gl.constexpr, Q_BR: gl.constexpr):  # fmt: skip
     """The TMA copy of box j (gate_up row boxes, then down K boxes, then next-qkv row boxes), counted by
     its own mbarrier bars[j]."""
     bar = bars.index(j)
@@ -176,10 +176,10 @@ def _issue_box(j: gl.constexpr, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q
 @gluon.jit
 def _issue_range(first: gl.constexpr, end: gl.constexpr, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs,
                  q_bufs, bars, GU_NRB: gl.constexpr, GU_BR: gl.constexpr, D_NKB: gl.constexpr,
-                 D_BR: gl.constexpr, D_C: gl.constexpr, Q_BR: gl.constexpr, KH: gl.constexpr):  # fmt: skip
+                 D_BR: gl.constexpr, D_C: gl.constexpr, Q_BR: gl.constexpr):  # fmt: skip
     for j in gl.static_range(first, end):
         _issue_box(j, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR, D_NKB, D_BR,
-                   D_C, Q_BR, KH)  # fmt: skip
+                   D_C, Q_BR)  # fmt: skip
 
 
 @gluon.jit
@@ -253,10 +253,10 @@ def _tail_tma_kernel(
     a_in = gl.load(a_ptr + _offsets(0, A // 256, F_A))
     if SCHEDULE == 0:
         _issue_range(0, Q0 + NQB, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
-                     D_NKB, D_BR, D_C, Q_BR, KH)  # fmt: skip
+                     D_NKB, D_BR, D_C, Q_BR)  # fmt: skip
     if SCHEDULE == 2:
         _issue_range(0, D0, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
-                     D_NKB, D_BR, D_C, Q_BR, KH)  # fmt: skip
+                     D_NKB, D_BR, D_C, Q_BR)  # fmt: skip
     # what the stages read that no stage writes
     hoffs = _offsets(0, KH, F_H)
     res = gl.load(res_ptr + hoffs)
@@ -269,7 +269,7 @@ def _tail_tma_kernel(
     gl.store(o_ptr + pid * R1 + _rows_arange(R1, L_O), _tile_dot(w1, x1).to(dt))
     if SCHEDULE == 3:
         _issue_range(0, D0, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
-                     D_NKB, D_BR, D_C, Q_BR, KH)  # fmt: skip
+                     D_NKB, D_BR, D_C, Q_BR)  # fmt: skip
     _stamp(trace_ptr, pid, 1, TRACE)
     _grid_sync(bar_ptr, P)
     _stamp(trace_ptr, pid, 2, TRACE)
@@ -280,7 +280,7 @@ def _tail_tma_kernel(
     _stamp(trace_ptr, pid, 3, TRACE)
     if SCHEDULE == 2 or SCHEDULE == 3:
         _issue_range(D0, Q0, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
-                     D_NKB, D_BR, D_C, Q_BR, KH)  # fmt: skip
+                     D_NKB, D_BR, D_C, Q_BR)  # fmt: skip
     for rb in gl.static_range(GU_NRB):
         mbarrier.wait(bars.index(rb), 0)
         if rb == 0:
@@ -301,7 +301,7 @@ def _tail_tma_kernel(
         x33 = _silu_input(gu_ptr, 3 * D_C * 256, INTER, D_C, F_D, L_D)
     if SCHEDULE == 2 or SCHEDULE == 3:
         _issue_range(Q0, Q0 + NQB, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
-                     D_NKB, D_BR, D_C, Q_BR, KH)  # fmt: skip
+                     D_NKB, D_BR, D_C, Q_BR)  # fmt: skip
     mbarrier.wait(bars.index(D0), 0)
     _stamp(trace_ptr, pid, 7, TRACE)
     acc = _tile_dot(d_bufs.index(0).load(L_D), x30)
