@@ -75,10 +75,11 @@ class HostTimeline:
 
 
 class GpuGaps:
-    """The GPU's side of a step, from CUDA events queued around each forward (runner.run) and after
-    each step's sampling (core._launched): the time from a forward's start to its end, from its end
-    to the step's tokens (grammar masks, sampling, and any wait for the host to queue them), and from
-    the tokens to the next forward's start (idle unless the host queued it in time)."""
+    """The GPU's side of a step, from CUDA events the host queues between its parts: a forward's start
+    (runner.run), the replay of its graph, its end; after the next step's inputs are uploaded
+    (runner.prepare), after the sampling launches (sampler.sample) and after the tokens' copy to the
+    host (core._launched). Each span is the GPU time between two consecutive marks: the work queued
+    between them, or idle time where the host queued the later one late."""
 
     def __init__(self, core, timers) -> None:
         import torch
@@ -94,7 +95,13 @@ class GpuGaps:
             return record
 
         timers.around(core.runner, "run", mark("forward"), mark("forward end"))
+        timers.around(core.runner, "prepare", after=mark("prepared"))
+        timers.around(core.sampler, "sample", after=mark("sampled"))
         timers.around(core, "_launched", after=mark("tokens"))
+        for graphs in (core.runner.graphs, core.runner.extend_graphs):
+            if graphs is not None:
+                for graph, _ in graphs.graphs.values():
+                    timers.around(graph, "replay", mark("replay"))
 
     def report(self, steps: int) -> None:
         import torch

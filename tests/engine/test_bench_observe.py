@@ -37,3 +37,53 @@ def test_an_empty_block_reports_zero():
         pass
     assert new.summary().endswith(": 0")
     assert NewKernels().summary().endswith("not recorded (this Triton has no jit_cache_hook)")
+
+
+class _FakeEvent:
+    """A CUDA event on a fake clock: record() stamps the clock's time in microseconds."""
+
+    clock = [0.0]
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.t = None
+
+    def record(self) -> None:
+        self.t = _FakeEvent.clock[0]
+
+    def elapsed_time(self, other) -> float:  # milliseconds, as torch's
+        return (other.t - self.t) / 1e3
+
+
+def test_gpu_gaps_marks_each_part_of_a_step(monkeypatch):
+    import torch
+
+    from engine.bench_observe import GpuGaps
+    from engine.step_timers import StepTimers
+
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    tick = lambda us: lambda *a, **k: _FakeEvent.clock.__setitem__(0, _FakeEvent.clock[0] + us)
+    graph = SimpleNamespace(replay=tick(100))
+    runner = SimpleNamespace(
+        prepare=tick(5), graphs=SimpleNamespace(graphs={1: (graph, None)}), extend_graphs=None
+    )
+    runner.run = lambda *a: (tick(10)(), graph.replay())
+    sample = tick(20)
+    core = SimpleNamespace(runner=runner, sampler=SimpleNamespace(sample=sample), _launched=tick(3))
+    timers = StepTimers()
+    gaps = GpuGaps(core, timers)
+    for _ in range(2):  # a step as the engine orders it: prepare the next, sample, tokens, forward
+        core.runner.prepare()
+        core.sampler.sample()
+        core._launched()
+        core.runner.run()
+    kinds = [k for k, _ in gaps.marks]
+    assert kinds[:6] == ["prepared", "sampled", "tokens", "forward", "replay", "forward end"]
+    spans = {}
+    for (a, ea), (b, eb) in zip(gaps.marks, gaps.marks[1:], strict=False):
+        spans.setdefault(f"{a} -> {b}", []).append(ea.elapsed_time(eb) * 1e3)
+    assert spans["forward -> replay"] == [10, 10]  # the work before the graph's replay
+    assert spans["replay -> forward end"] == [100, 100]
+    assert spans["prepared -> sampled"] == [20, 20] and spans["sampled -> tokens"] == [3, 3]
+    timers.restore()
+    assert core.sampler.sample is sample and len(gaps.marks) == 12  # unwrapped; six marks a step
