@@ -106,6 +106,22 @@ def _launches(dtype: torch.dtype):
 def _compile(fn, args, kwargs):
     """What JITFunction.run would compile for these arguments (16-byte alignment assumed, as torch gives)."""
     jf = JITFunction(fn)
+    signature, constexprs, attrs, options = _signature(jf, args, kwargs)
+    src = ASTSource(jf, signature, constexprs, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def compile_gluon(fn, args, kwargs):
+    """A Gluon kernel compiled for sm_90 as its launch would (tensor descriptors typed by their blocks)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    signature, constexprs, attrs, options = _signature(fn, args, kwargs)
+    src = GluonASTSource(fn, signature, constexprs, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def _signature(jf, args, kwargs):
+    """(signature, constexprs, specialization attributes, compile options) of a launch."""
     kwargs = dict(kwargs)
     option_names = ("num_warps", "num_stages", "launch_cooperative_grid")
     options = {k: kwargs.pop(k) for k in option_names if k in kwargs}
@@ -122,35 +138,11 @@ def _compile(fn, args, kwargs):
             signature[name] = "i32" if abs(v) < 2**31 else "i64"
             if v % 16 == 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
-        else:
-            signature[name] = "fp32"
-    src = ASTSource(jf, signature, constexprs, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-
-
-def compile_gluon(fn, args, kwargs):
-    """A Gluon kernel compiled for sm_90 as its launch would (tensor descriptors typed by their blocks)."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    kwargs = dict(kwargs)
-    options = {k: kwargs.pop(k) for k in ("num_warps",) if k in kwargs}
-    values = dict(zip(fn.arg_names, args, strict=False)) | kwargs
-    signature, constexprs, attrs = {}, {}, {}
-    for i, name in enumerate(fn.arg_names):
-        v = values[name]
-        if fn.params[i].is_constexpr:
-            signature[name], constexprs[name] = "constexpr", v
-        elif isinstance(v, torch.Tensor):
-            signature[name] = "*" + TYPES[v.dtype]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(v, bool | int):
-            signature[name] = "i32"
         elif isinstance(v, float):
             signature[name] = "fp32"
         else:  # a host tensor descriptor
             signature[name] = v.__mangle__()
-    src = GluonASTSource(fn, signature, constexprs, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return signature, constexprs, attrs, options
 
 
 def _stack_bytes(cubin: bytes, tmp: Path) -> int | None:
