@@ -141,8 +141,16 @@ def _signature(jf, args, kwargs):
         elif isinstance(v, float):
             signature[name] = "fp32"
         else:  # a host tensor descriptor
-            signature[name] = v.__mangle__()
+            signature[name] = _descriptor_type(v)
     return signature, constexprs, attrs, options
+
+
+def _descriptor_type(desc) -> str:
+    """A host tensor descriptor's type as the launcher names it (newer Triton asks the descriptor)."""
+    if hasattr(desc, "__mangle__"):
+        return desc.__mangle__()
+    block = ",".join(str(d) for d in desc.block_shape)
+    return f"tensordesc<{TYPES[desc.base.dtype]}[{block}],{desc.layout!r}>"
 
 
 def _stack_bytes(cubin: bytes, tmp: Path) -> int | None:
@@ -195,11 +203,13 @@ def _compile_tma_tail(tmp: Path) -> int:
 
     failures = 0
     r = lambda *shape: torch.zeros(*shape, dtype=torch.bfloat16)
-    for has_next in (True, False):
+    default = tma.MMA
+    for has_next, mma in ((True, False), (False, False), (True, True), (False, True)):
+        tma.MMA = mma
         nxt = (r(1024), 1e-6, r(4096, 1024), None) if has_next else (None, 1e-6, None, None)
         w = TailWeights(r(1024, 2048), None, r(1024), 1e-6, r(6144, 1024), None, r(1024, 3072), None, *nxt)
         p = tma._plan_for(w, torch.device("cpu"))
-        name = f"_tail_tma_kernel bf16 next={has_next}"
+        name = f"_tail_tma_kernel bf16 next={has_next} mma={mma}"
         try:
             _, args, kwargs, _ = tma.launch_args(r(1, 2048), r(1, 1024), w, p)
             compiled = compile_gluon(tma._tail_tma_kernel, args, kwargs)
@@ -207,10 +217,15 @@ def _compile_tma_tail(tmp: Path) -> int:
             print(f"FAIL {name}: {type(exc).__name__}: {exc}")
             failures += 1
             continue
+        finally:
+            tma.MMA = default
         stack = _stack_bytes(compiled.asm["cubin"], tmp)
         copies = compiled.asm["ptx"].count("cp.async.bulk.tensor.3d")
-        boxes = p.gu[0] + p.down[1] + p.qkv[0]
+        boxes = kwargs["GU_NRB"] + p.down[1] + (kwargs["Q_NRB"] if has_next else 0)
+        # with mma every gate_up and next-qkv box goes through the tensor cores
+        mma_boxes = kwargs["GU_NRB"] + (kwargs["Q_NRB"] if has_next else 0) if mma else 0
         bad = bool(stack) or copies != boxes or not p.shared <= compiled.metadata.shared <= tma.SHARED_LIMIT
+        bad = bad or compiled.asm["ptx"].count("mma.sync.aligned.m16n8k16") < mma_boxes
         failures += bad
         print(f"{'FAIL' if bad else 'ok'} {name} shared={compiled.metadata.shared} stack={stack} "
               f"bulk copies={copies} of {boxes} boxes")  # fmt: skip
