@@ -190,11 +190,10 @@ def _issue_box(j: gl.constexpr, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q
     bar = bars.index(j)
     if j < GU_NRB:
         mbarrier.expect(bar, gu_desc.block_type.nbytes)
-        row = pid * (GU_NRB * GU_BR) + j * GU_BR
         if MMA:  # the (K / 64, N, 64) view
-            _tma_load(gu_desc, [0, row, 0], bar, gu_bufs.index(j))
+            _tma_load(gu_desc, [0, pid * (GU_NRB * GU_BR) + j * GU_BR, 0], bar, gu_bufs.index(j))
         else:
-            _tma_load(gu_desc, [row, 0, 0], bar, gu_bufs.index(j))
+            _tma_load(gu_desc, [pid * (GU_NRB * GU_BR) + j * GU_BR, 0, 0], bar, gu_bufs.index(j))
     elif j < GU_NRB + D_NKB:
         mbarrier.expect(bar, d_desc.block_type.nbytes)
         _tma_load(d_desc, [pid * D_BR, (j - GU_NRB) * D_C, 0], bar, d_bufs.index(j - GU_NRB))
@@ -202,11 +201,10 @@ def _issue_box(j: gl.constexpr, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q
         q = j - GU_NRB - D_NKB
         n_q: gl.constexpr = q_bufs.shape[0]
         mbarrier.expect(bar, q_desc.block_type.nbytes)
-        row = pid * (n_q * Q_BR) + q * Q_BR
         if MMA:
-            _tma_load(q_desc, [0, row, 0], bar, q_bufs.index(q))
+            _tma_load(q_desc, [0, pid * (n_q * Q_BR) + q * Q_BR, 0], bar, q_bufs.index(q))
         else:
-            _tma_load(q_desc, [row, 0, 0], bar, q_bufs.index(q))
+            _tma_load(q_desc, [pid * (n_q * Q_BR) + q * Q_BR, 0, 0], bar, q_bufs.index(q))
 
 
 @gluon.jit
@@ -333,14 +331,13 @@ def _tail_tma_kernel(
         mbarrier.wait(bars.index(rb), 0)
         if rb == 0:
             _stamp(trace_ptr, pid, 4, TRACE)
-        row0 = pid * (GU_NRB * GU_BR) + rb * GU_BR
         if MMA:
             acc = _mma_rows(gu_bufs.index(rb), x2, KS, GU_BR, M3)
-            gl.store(gu_ptr + row0 + gl.arange(0, GU_BR, layout=gl.SliceLayout(0, gl.SliceLayout(2, M3))),
-                     acc.to(dt))  # fmt: skip
+            rows = gl.arange(0, GU_BR, layout=gl.SliceLayout(0, gl.SliceLayout(2, M3)))
         else:
             acc = _tile_dot(gu_bufs.index(rb).load(L_GU), x2, GU_CHUNKS_FIRST)
-            gl.store(gu_ptr + row0 + _rows_arange(GU_BR, L_GU), acc.to(dt))
+            rows = _rows_arange(GU_BR, L_GU)
+        gl.store(gu_ptr + pid * (GU_NRB * GU_BR) + rb * GU_BR + rows, acc.to(dt))
     _stamp(trace_ptr, pid, 5, TRACE)
     _grid_sync(bar_ptr, 2 * P)
     _stamp(trace_ptr, pid, 6, TRACE)
@@ -384,14 +381,13 @@ def _tail_tma_kernel(
             mbarrier.wait(bars.index(Q0 + rb), 0)
             if rb == 0:
                 _stamp(trace_ptr, pid, 10, TRACE)
-            row0 = pid * (Q_NRB * Q_BR) + rb * Q_BR
             if MMA:
                 acc = _mma_rows(q_bufs.index(rb), x4, KS, Q_BR, M3)
-                gl.store(qkv_ptr + row0 + gl.arange(0, Q_BR, layout=gl.SliceLayout(0, gl.SliceLayout(2, M3))),
-                         acc.to(dt))  # fmt: skip
+                rows = gl.arange(0, Q_BR, layout=gl.SliceLayout(0, gl.SliceLayout(2, M3)))
             else:
                 acc = _tile_dot(q_bufs.index(rb).load(L_Q), x4, Q_CHUNKS_FIRST)
-                gl.store(qkv_ptr + row0 + _rows_arange(Q_BR, L_Q), acc.to(dt))
+                rows = _rows_arange(Q_BR, L_Q)
+            gl.store(qkv_ptr + pid * (Q_NRB * Q_BR) + rb * Q_BR + rows, acc.to(dt))
         _stamp(trace_ptr, pid, 11, TRACE)
     # the last program out leaves the counters zeroed for the next launch
     _cta_barrier()
