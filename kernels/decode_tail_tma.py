@@ -18,7 +18,8 @@ warp, 128 programs x 16 warps asking for the same L2 lines took ~4 us a stage in
 
 The stages, the grid barriers (an arrival counter) and the rounding points are those of
 kernels.decode_tail. Shapes: weights are viewed as (N, K / 256, 256) and copied in boxes of (rows,
-chunks, 256); only shapes that divide this way, 16-bit weights without biases, and slices that fit the
+chunks, 256) (with MMA, gate_up and the next qkv as (K / 64, N, 64) in boxes of (K / 64, 16, 64)); only
+shapes that divide this way, 16-bit weights without biases, and slices that fit the
 shared memory take this kernel (`plan`); kernels.decode_tail takes the others. Gluon has no
 interpreter: tests compile this kernel for sm_90 on the CPU (tests/kernels/compile_sm90.py) and run it
 on the GPU.
