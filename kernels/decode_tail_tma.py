@@ -172,6 +172,26 @@ def _mma_rows(box, xb, KS: gl.constexpr, R: gl.constexpr, M3: gl.constexpr):
 
 
 @gluon.jit
+def _row_boxes_stage(bufs, bars, BAR0: gl.constexpr, x, y_ptr, pid, NRB: gl.constexpr, BR: gl.constexpr,
+                     L: gl.constexpr, CHUNKS_FIRST: gl.constexpr, MMA: gl.constexpr, KS: gl.constexpr,
+                     M3: gl.constexpr, trace_ptr, POINT: gl.constexpr, TRACE: gl.constexpr):  # fmt: skip
+    """A stage whose weights are NRB row boxes of BR rows over the whole K (gate_up, the next qkv): each
+    box multiplied by x (the stage's input as _broadcast or, MMA, _mma_x made it) once its copy, counted
+    by bars[BAR0 + box], has landed; the program's rows of y stored. POINT: stamped at the first box."""
+    for rb in gl.static_range(NRB):
+        mbarrier.wait(bars.index(BAR0 + rb), 0)
+        if rb == 0:
+            _stamp(trace_ptr, pid, POINT, TRACE)
+        if MMA:
+            acc = _mma_rows(bufs.index(rb), x, KS, BR, M3)
+            rows = gl.arange(0, BR, layout=gl.SliceLayout(0, gl.SliceLayout(2, M3)))
+        else:
+            acc = _tile_dot(bufs.index(rb).load(L), x, CHUNKS_FIRST)
+            rows = _rows_arange(BR, L)
+        gl.store(y_ptr + pid * (NRB * BR) + rb * BR + rows, acc.to(y_ptr.dtype.element_ty))
+
+
+@gluon.jit
 def _o_slice(wo_ptr, pid, A: gl.constexpr, R1: gl.constexpr, L: gl.constexpr):
     """This program's R1 rows of Wo (H, A) as (R1, A / 256, 256) in L."""
     r = _rows_arange(R1, L)
@@ -320,25 +340,13 @@ def _tail_tma_kernel(
 
     # stage 2: h = o + residual; gu = rms_norm(h) * n2 @ Wgu^T, box by box as they land
     h, x2 = _add_norm(o_ptr, res, n2, h_ptr, eps2, pid == 0, H, F_H)
-    if MMA:
-        x2 = _mma_x(x2, KS, M3)
-    else:
-        x2 = _broadcast(x2, L_GU)
+    x2 = _mma_x(x2, KS, M3) if MMA else _broadcast(x2, L_GU)
     _stamp(trace_ptr, pid, 3, TRACE)
     if SCHEDULE == 2 or SCHEDULE == 3:
         _issue_range(D0, Q0, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
                      D_NKB, D_BR, D_C, Q_BR, MMA)  # fmt: skip
-    for rb in gl.static_range(GU_NRB):
-        mbarrier.wait(bars.index(rb), 0)
-        if rb == 0:
-            _stamp(trace_ptr, pid, 4, TRACE)
-        if MMA:
-            acc = _mma_rows(gu_bufs.index(rb), x2, KS, GU_BR, M3)
-            rows = gl.arange(0, GU_BR, layout=gl.SliceLayout(0, gl.SliceLayout(2, M3)))
-        else:
-            acc = _tile_dot(gu_bufs.index(rb).load(L_GU), x2, GU_CHUNKS_FIRST)
-            rows = _rows_arange(GU_BR, L_GU)
-        gl.store(gu_ptr + pid * (GU_NRB * GU_BR) + rb * GU_BR + rows, acc.to(dt))
+    _row_boxes_stage(gu_bufs, bars, 0, x2, gu_ptr, pid, GU_NRB, GU_BR, L_GU, GU_CHUNKS_FIRST, MMA, KS, M3,
+                     trace_ptr, 4, TRACE)  # fmt: skip
     _stamp(trace_ptr, pid, 5, TRACE)
     _grid_sync(bar_ptr, 2 * P)
     _stamp(trace_ptr, pid, 6, TRACE)
@@ -374,21 +382,9 @@ def _tail_tma_kernel(
         _grid_sync(bar_ptr, 3 * P)
         _stamp(trace_ptr, pid, 9, TRACE)
         _, x4 = _add_norm(y_ptr, h, n1, h2_ptr, eps1, pid == 0, H, F_H)
-        if MMA:
-            x4 = _mma_x(x4, KS, M3)
-        else:
-            x4 = _broadcast(x4, L_Q)
-        for rb in gl.static_range(Q_NRB):
-            mbarrier.wait(bars.index(Q0 + rb), 0)
-            if rb == 0:
-                _stamp(trace_ptr, pid, 10, TRACE)
-            if MMA:
-                acc = _mma_rows(q_bufs.index(rb), x4, KS, Q_BR, M3)
-                rows = gl.arange(0, Q_BR, layout=gl.SliceLayout(0, gl.SliceLayout(2, M3)))
-            else:
-                acc = _tile_dot(q_bufs.index(rb).load(L_Q), x4, Q_CHUNKS_FIRST)
-                rows = _rows_arange(Q_BR, L_Q)
-            gl.store(qkv_ptr + pid * (Q_NRB * Q_BR) + rb * Q_BR + rows, acc.to(dt))
+        x4 = _mma_x(x4, KS, M3) if MMA else _broadcast(x4, L_Q)
+        _row_boxes_stage(q_bufs, bars, Q0, x4, qkv_ptr, pid, Q_NRB, Q_BR, L_Q, Q_CHUNKS_FIRST, MMA, KS, M3,
+                         trace_ptr, 10, TRACE)  # fmt: skip
         _stamp(trace_ptr, pid, 11, TRACE)
     # the last program out leaves the counters zeroed for the next launch
     _cta_barrier()
