@@ -370,19 +370,20 @@ def sweep(dtype, device, timer: Timer, tiny: bool) -> None:
         pa.DECODE_CONFIGS.update(decode_defaults)
 
 
-def _new_token(b: int, ctx: int, tables: torch.Tensor, dtype, device):
-    """The fused decode launch's inputs for a batch whose contexts end at ctx: raw q (b, H, D) and the
-    new token's NewTokenQK (its K/V go to each sequence's slot of position ctx - 1)."""
+def _new_token(seq_lens: torch.Tensor, tables: torch.Tensor, dtype, device):
+    """The fused decode launch's inputs for a batch whose contexts end at seq_lens (b,): raw q (b, H, D)
+    and the new token's NewTokenQK (its K/V go to each sequence's slot of its last position)."""
     from kernels.paged_attention import NewTokenQK
 
+    b = seq_lens.shape[0]
     qkv = _randn(b, NUM_HEADS + 2 * NUM_KV_HEADS, HEAD_DIM, dtype=dtype, device=device)
-    pos = torch.full((b,), ctx - 1, dtype=torch.int64, device=device)
-    slots = tables[:, (ctx - 1) // BLOCK_SIZE].long() * BLOCK_SIZE + (ctx - 1) % BLOCK_SIZE
+    pos = seq_lens.to(device=device, dtype=torch.int64) - 1
+    slots = tables.long().gather(1, (pos // BLOCK_SIZE)[:, None])[:, 0] * BLOCK_SIZE + pos % BLOCK_SIZE
     inv_freq = 1.0 / (1_000_000 ** (torch.arange(0, HEAD_DIM, 2, device=device).float() / HEAD_DIM))
     nw = [(1 + 0.1 * _randn(HEAD_DIM, dtype=torch.float32, device=device)).to(dtype) for _ in range(2)]
     new = NewTokenQK(
         qkv[:, NUM_HEADS : NUM_HEADS + NUM_KV_HEADS], qkv[:, NUM_HEADS + NUM_KV_HEADS :], nw[0], nw[1], 1e-6,
-        pos, ref.rope_cos_sin(inv_freq, ctx), slots,
+        pos, ref.rope_cos_sin(inv_freq, int(seq_lens.max())), slots,
     )  # fmt: skip
     return qkv[:, :NUM_HEADS], new
 
@@ -394,7 +395,7 @@ def _sweep_fused_decode(pa, key: str, dtype, device, timer: Timer, tiny: bool, c
     print("# fused decode (q/k norm + RoPE + K/V store + attention): (BLOCK_N, warps, stages) x splits -> us")
     for b, ctx in [(1, 64)] if tiny else [(1, 768), (32, 256), (256, 860)]:
         _, kc, vc, bt, _, sl = _paged(b, ctx, 1, dtype, device)
-        q, new = _new_token(b, ctx, bt, dtype, device)
+        q, new = _new_token(torch.full((b,), ctx, device=device), bt, dtype, device)
         results = []
         default_one_loop = pa.DECODE_ONE_LOOP
         try:
@@ -445,10 +446,15 @@ def sweep_ragged(dtype, device, timer: Timer, tiny: bool) -> None:
     key = "interpret" if device.type == "cpu" else ("fp32" if dtype == torch.float32 else "16bit_wide")
     defaults = pa.DECODE_HEAD_MAJOR, pa.DECODE_CONFIGS[key]
 
-    def timed(batch, splits, ordered: bool) -> str:
+    def timed(batch, splits, ordered: bool, fused: bool = False) -> str:
         q, kc, vc, bt, sl, order, nbytes = batch
         o = order if ordered else None
-        fn = lambda: pa.paged_decode_attention(q, kc, vc, bt, sl, HEAD_DIM**-0.5, num_splits=splits, order=o)
+        nt = None
+        if fused:  # the raw q of a qkv row, as the engine passes it
+            q, nt = _new_token(sl, bt, q.dtype, q.device)
+        fn = lambda: pa.paged_decode_attention(
+            q, kc, vc, bt, sl, HEAD_DIM**-0.5, num_splits=splits, order=o, new_token=nt
+        )
         t = timer.graph(fn) or timer.eager(fn)
         return f"{t * 1e6:.1f} ({nbytes / t / 1e9:.0f})"
 
@@ -468,16 +474,21 @@ def sweep_ragged(dtype, device, timer: Timer, tiny: bool) -> None:
                 pa.DECODE_HEAD_MAJOR = head_major
                 cells.append(f"{name}={timed(batch, 1, ordered)}")
             pa.DECODE_HEAD_MAJOR = defaults[0]
+            ordered = pa.wants_order(b, NUM_KV_HEADS, device)
+            cells.append(
+                f"engine with the new token's norm, RoPE and store={timed(batch, None, ordered, True)}"
+            )
             print(f"  unsplit by dispatch: {'  '.join(cells)}")
-        cells = []
-        ordered = pa.wants_order(b, NUM_KV_HEADS, device)
-        for cfg in [(16, 4, 1)] if tiny else DECODE_SWEEP:
-            pa.DECODE_CONFIGS[key] = cfg
-            try:
-                cells.append(f"{cfg}={timed(batch, 1, ordered)}")
-            except Exception as exc:  # a config the chip cannot hold
-                cells.append(f"{cfg}={type(exc).__name__}")
-        print(f"  B={b} (BLOCK_N, warps, stages), engine dispatch: {'  '.join(cells)}")
+        for fused in (False, True):
+            cells = []
+            for cfg in [(16, 4, 1)] if tiny else DECODE_SWEEP:
+                pa.DECODE_CONFIGS[key] = cfg
+                try:
+                    cells.append(f"{cfg}={timed(batch, 1, ordered, fused)}")
+                except Exception as exc:  # a config the chip cannot hold
+                    cells.append(f"{cfg}={type(exc).__name__}")
+            what = "with the new token fused" if fused else "engine dispatch"
+            print(f"  B={b} (BLOCK_N, warps, stages), {what}: {'  '.join(cells)}")
     finally:
         pa.DECODE_HEAD_MAJOR, pa.DECODE_CONFIGS[key] = defaults
 
@@ -683,6 +694,54 @@ def sweep_tail(dtype, device, reps: int = 10) -> None:
                       f"({gbs / t_tma:.2f} TB/s) rel_err {err:.1e}")  # fmt: skip
         finally:
             tma.MMA = saved
+        _sweep_tail_attention(tma, a, res, ws, reps)
+
+
+def next_attentions(copies: int, ctx: int, dtype, device) -> list:
+    """`copies` layers' NextAttention of one sequence of ctx keys (the new one included), each over a
+    cache of its own, at the Qwen3-0.6B attention shapes."""
+    from kernels.reference import NextAttention
+
+    out = []
+    for _ in range(copies):
+        _, kc, vc, bt, _, sl = _paged(1, ctx, 1, dtype, device)
+        _, t = _new_token(sl, bt, dtype, device)
+        norms = (t.q_norm_weight, t.k_norm_weight, 1e-6, HEAD_DIM**-0.5)
+        out.append(NextAttention(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, *norms, t.positions, t.cos_sin, kc, vc,
+                                 t.slot_mapping, bt, sl))  # fmt: skip
+    return out
+
+
+def _sweep_tail_attention(tma, a, res, ws, reps: int) -> None:
+    """The TMA tail with the next layer's attention as its fifth stage (kernels.decode_tail_attn) against
+    the tail and then the fused decode attention launch (what the engine runs without the stage), W3's
+    middle context (768 keys), 8 layers' weights and caches streamed."""
+    from kernels import dispatch as ops
+
+    ns = next_attentions(len(ws), 768, a.dtype, a.device)
+    if not tma.attends(a, ws[0], ns[0]):
+        print("    TMA tail + attention: does not fit")
+        return
+
+    def apart(i):
+        n = ns[i]
+        qkv, _ = tma.decode_layer_tail(a, res, ws[i])
+        h, hk, d = NUM_HEADS, NUM_KV_HEADS, HEAD_DIM
+        q, k, v = qkv.split([h * d, hk * d, hk * d], dim=-1)
+        return ops.qk_norm_rope_decode_attention(
+            q.view(1, h, d), k.view(1, hk, d), v.view(1, hk, d),
+            n.q_norm, n.k_norm, n.eps, n.positions, n.cos_sin, n.k_cache, n.v_cache, n.slot_mapping,
+            n.block_tables, n.seq_lens, n.scale,
+        ).view(1, -1)  # fmt: skip
+
+    got, _ = tma.decode_layer_tail(a, res, ws[0], attn=ns[0])
+    expect = apart(0)
+    err = _err(got, expect) / expect.abs().max().item()
+    t_one = _streamed(lambda i: tma.decode_layer_tail(a, res, ws[i], attn=ns[i]), len(ws), reps)
+    t_apart = _streamed(apart, len(ws), reps)
+    print(f"    TMA tail + the next layer's attention in one launch (kernels.decode_tail_attn): "
+          f"{t_one * 1e6:.2f} us; tail then the fused decode attention launch: {t_apart * 1e6:.2f} us "
+          f"(768 keys; rel diff {err:.1e})")  # fmt: skip
 
 
 def _gemv_sweep_configs(m: int) -> list:

@@ -341,6 +341,31 @@ def _tail_fused(x: torch.Tensor, w: ref.TailWeights) -> bool:
     return decode_tail.fits(x.shape[0], x.dtype, w, x.device)
 
 
+def tail_may_attend(x: torch.Tensor) -> bool:
+    """Whether a decode layer tail over rows like x (M, .) may also run the next layer's attention (a
+    cheap test before the caller builds that attention's description)."""
+    if not (DECODE_TAIL_TMA and DECODE_TAIL and use_triton(x) and x.dim() == 2 and x.shape[0] == 1):
+        return False
+    from kernels import decode_tail_tma
+
+    return decode_tail_tma.ATTENTION
+
+
+def decode_layer_tail_attend(
+    a: torch.Tensor,  # (1, A): the attention output
+    residual: torch.Tensor,  # (1, H)
+    w: ref.TailWeights,
+    nxt: ref.NextAttention,
+) -> tuple[torch.Tensor, torch.Tensor] | None:  # (the next layer's attention output (1, NH * D), residual)
+    """decode_layer_tail and the next layer's attention (reference.attend_next of its qkv) in one launch,
+    where kernels.decode_tail_tma takes both (kernels.decode_tail_attn); None elsewhere: the caller
+    then runs them apart."""
+    tma = _tail_tma(a, w) if residual.dtype == a.dtype else None
+    if tma is None or not tma.ATTENTION or not tma.attends(a, w, nxt):
+        return None
+    return tma.decode_layer_tail(a, residual, w, attn=nxt)
+
+
 def decode_layer_tail(
     a: torch.Tensor,  # (M, A): the attention output
     residual: torch.Tensor,  # (M, H)

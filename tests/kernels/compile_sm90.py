@@ -199,19 +199,28 @@ def _compile_tma_tail(tmp: Path) -> int:
     except ImportError as exc:
         print(f"skip _tail_tma_kernel: {exc}")
         return 0
-    from kernels.reference import TailWeights
+    from kernels.reference import NextAttention, TailWeights
 
     failures = 0
     r = lambda *shape: torch.zeros(*shape, dtype=torch.bfloat16)
+    i32 = lambda *shape: torch.zeros(*shape, dtype=torch.int32)
     default = tma.MMA
-    for has_next, mma in ((True, False), (False, False), (True, True), (False, True)):
+    # the next layer's attention as in the engine at batch 1 (Qwen3-0.6B: 16 q heads, 8 KV heads, 128)
+    attn = NextAttention(16, 8, 128, r(128), r(128), 1e-6, 128**-0.5, torch.zeros(1, dtype=torch.int64),
+                         torch.zeros(64, 128), r(64, 16, 8, 128), r(64, 16, 8, 128),
+                         torch.zeros(1, dtype=torch.int64), i32(1, 4), i32(1))  # fmt: skip
+    cases = ((True, False, False), (False, False, False), (True, True, False), (False, True, False),
+             (True, False, True), (True, True, True))  # fmt: skip
+    for has_next, mma, attend in cases:
         tma.MMA = mma
         nxt = (r(1024), 1e-6, r(4096, 1024), None) if has_next else (None, 1e-6, None, None)
         w = TailWeights(r(1024, 2048), None, r(1024), 1e-6, r(6144, 1024), None, r(1024, 3072), None, *nxt)
         p = tma._plan_for(w, torch.device("cpu"))
-        name = f"_tail_tma_kernel bf16 next={has_next} mma={mma}"
+        name = f"_tail_tma_kernel bf16 next={has_next} mma={mma} attention={attend}"
         try:
-            _, args, kwargs, _ = tma.launch_args(r(1, 2048), r(1, 1024), w, p)
+            if attend and not tma.attends(r(1, 2048), w, attn):
+                raise ValueError("the next layer's attention does not fit")
+            _, args, kwargs, _ = tma.launch_args(r(1, 2048), r(1, 1024), w, p, attn=attn if attend else None)
             compiled = compile_gluon(tma._tail_tma_kernel, args, kwargs)
         except Exception as exc:
             print(f"FAIL {name}: {type(exc).__name__}: {exc}")
