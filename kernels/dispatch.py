@@ -346,8 +346,10 @@ def tail_may_attend(x: torch.Tensor) -> bool:
     cheap test before the caller builds that attention's description)."""
     if not (DECODE_TAIL_TMA and DECODE_TAIL and use_triton(x) and x.dim() == 2 and x.shape[0] == 1):
         return False
-    from kernels import decode_tail_tma
-
+    try:
+        from kernels import decode_tail_tma
+    except ImportError:  # a Triton without Gluon's Hopper TMA
+        return False
     return decode_tail_tma.ATTENTION
 
 

@@ -58,3 +58,15 @@ def alibi_slopes(num_heads: int, device: str = "cpu") -> torch.Tensor:
 
 def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
+
+
+def capture(fn):
+    """(graph, fn's result): fn captured in a CUDA graph on a side stream, not yet replayed."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            out = fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    return graph, out

@@ -10,7 +10,7 @@ import torch
 
 from kernels import dispatch as ops
 from kernels import reference as ref
-from tests.kernels.paged import gpu, make_paged
+from tests.kernels.paged import capture, gpu, make_paged
 from tests.kernels.test_decode_tail import QWEN3_06B, _close, _weights
 from tests.kernels.test_gemv import _randn
 
@@ -145,13 +145,7 @@ def test_gpu_back_to_back_launches_and_graph_replays():
     for a, out in zip(inputs[::9], outs[::9], strict=True):
         assert torch.equal(out, tma.decode_layer_tail(a, res, w, attn=n)[0])
     a = inputs[0].clone()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            out, out_res = tma.decode_layer_tail(a, res, w, attn=n)
-    torch.cuda.current_stream().wait_stream(stream)
+    graph, (out, out_res) = capture(lambda: tma.decode_layer_tail(a, res, w, attn=n))
     for seed, ctx in ((3, 704), (4, 689), (5, 700)):
         a.copy_(inputs[seed])
         n.seq_lens.fill_(ctx)

@@ -9,7 +9,7 @@ import torch
 
 from kernels import dispatch as ops
 from kernels import reference as ref
-from tests.kernels.paged import gpu
+from tests.kernels.paged import capture, gpu
 from tests.kernels.test_decode_tail import QWEN3_06B, _close, _weights
 from tests.kernels.test_gemv import _randn
 
@@ -101,13 +101,7 @@ def test_gpu_back_to_back_launches_and_graph_replays():
     for (x, y), (x1, y1) in zip(alone, outs[:3], strict=True):  # deterministic: the same bits
         assert torch.equal(x, x1) and torch.equal(y, y1)
     a = inputs[0].clone()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            out, out_res = tma.decode_layer_tail(a, res, w)
-    torch.cuda.current_stream().wait_stream(stream)
+    graph, (out, out_res) = capture(lambda: tma.decode_layer_tail(a, res, w))
     for seed in (3, 4, 5):
         a.copy_(inputs[seed])
         graph.replay()
