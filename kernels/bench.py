@@ -723,16 +723,7 @@ def _sweep_tail_attention(tma, a, res, ws, reps: int) -> None:
         print("    TMA tail + attention: does not fit")
         return
 
-    def apart(i):
-        n = ns[i]
-        qkv, _ = tma.decode_layer_tail(a, res, ws[i])
-        h, hk, d = NUM_HEADS, NUM_KV_HEADS, HEAD_DIM
-        q, k, v = qkv.split([h * d, hk * d, hk * d], dim=-1)
-        return ops.qk_norm_rope_decode_attention(
-            q.view(1, h, d), k.view(1, hk, d), v.view(1, hk, d),
-            n.q_norm, n.k_norm, n.eps, n.positions, n.cos_sin, n.k_cache, n.v_cache, n.slot_mapping,
-            n.block_tables, n.seq_lens, n.scale,
-        ).view(1, -1)  # fmt: skip
+    apart = lambda i: ops.attend_next(tma.decode_layer_tail(a, res, ws[i])[0], ns[i])
 
     got, _ = tma.decode_layer_tail(a, res, ws[0], attn=ns[0])
     expect = apart(0)

@@ -190,11 +190,12 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed_tokens(input_ids)
         x, residual = self.layers[0].qkv(x, None)
         attended = None
-        layers = list(self.layers)
-        for i, (layer, kv, tail) in enumerate(zip(layers, kv_caches, self._tails(), strict=True)):
+        may_attend = ops.tail_may_attend(x)  # the same for every layer of the step
+        last = len(self.layers) - 1
+        for i, (layer, kv, tail) in enumerate(zip(self.layers, kv_caches, self._tails(), strict=True)):
             nxt = None
-            if i + 1 < len(layers) and ops.tail_may_attend(x if x is not None else attended):
-                nxt = layers[i + 1].self_attn.as_next(positions, self.cos_sin, kv_caches[i + 1], meta)
+            if may_attend and i < last:
+                nxt = self.layers[i + 1].self_attn.as_next(positions, self.cos_sin, kv_caches[i + 1], meta)
             x, residual, attended = layer(x, residual, positions, self.cos_sin, kv, meta, tail, attended, nxt)
         x, _ = self.norm.forward_add(x, residual)
         return x

@@ -65,18 +65,22 @@ def test_fits_needs_one_sequence_in_the_models_dtype():
 
 def test_reference_is_the_fused_decode_launch():
     """reference.attend_next (norm, RoPE, store, attention) against the fused decode kernel the engine
-    runs when the stage does not (interpreted on the CPU, float32)."""
+    runs on CUDA when the stage does not (called directly: interpreted on the CPU, float32)."""
+    from kernels.paged_attention import NewTokenQK, paged_decode_attention
+
     n = _next(40, heads=(4, 2, 32), dtype=torch.float32, seed=3)
     qkv = _randn(1, 8 * 32, dtype=torch.float32, seed=4)
     a, b = _cloned(n), _cloned(n)
     expect = ref.attend_next(qkv, a)
     q, k, v = qkv.split([128, 64, 64], dim=-1)
-    got = ops.qk_norm_rope_decode_attention(
-        q.view(1, 4, 32), k.view(1, 2, 32), v.view(1, 2, 32), b.q_norm, b.k_norm, b.eps, b.positions,
-        b.cos_sin, b.k_cache, b.v_cache, b.slot_mapping, b.block_tables, b.seq_lens, b.scale,
-    )  # fmt: skip
+    new = NewTokenQK(k.view(1, 2, 32), v.view(1, 2, 32), b.q_norm, b.k_norm, b.eps, b.positions, b.cos_sin,
+                     b.slot_mapping)  # fmt: skip
+    got = paged_decode_attention(q.view(1, 4, 32), b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.scale,
+                                 num_splits=3, new_token=new)  # fmt: skip
     torch.testing.assert_close(got.view(1, -1), expect, atol=1e-4, rtol=1e-4)
-    assert torch.equal(a.k_cache, b.k_cache) and torch.equal(a.v_cache, b.v_cache)
+    # the new K (normed and rotated in another order) within float32 rounding, V as given
+    torch.testing.assert_close(b.k_cache, a.k_cache, atol=1e-5, rtol=1e-5)
+    assert torch.equal(a.v_cache, b.v_cache) and not torch.equal(a.k_cache, n.k_cache)
 
 
 def test_cpu_takes_neither_the_stage_nor_the_tma_tail():
@@ -89,13 +93,7 @@ def test_cpu_takes_neither_the_stage_nor_the_tma_tail():
 def _apart(a, res, w, n):
     """The tail, then the fused decode attention over its qkv: what the engine ran before the stage."""
     qkv, res2 = tma.decode_layer_tail(a, res, w)
-    h, hk, d = n.num_heads, n.num_kv_heads, n.head_dim
-    q, k, v = qkv.split([h * d, hk * d, hk * d], dim=-1)
-    out = ops.qk_norm_rope_decode_attention(
-        q.view(1, h, d), k.view(1, hk, d), v.view(1, hk, d), n.q_norm, n.k_norm, n.eps, n.positions,
-        n.cos_sin, n.k_cache, n.v_cache, n.slot_mapping, n.block_tables, n.seq_lens, n.scale,
-    )  # fmt: skip
-    return out.view(1, h * d), res2, qkv
+    return ops.attend_next(qkv, n), res2, qkv
 
 
 def _inputs(seed=1):
