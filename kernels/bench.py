@@ -683,17 +683,11 @@ def sweep_tail(dtype, device, reps: int = 10) -> None:
         if not tma.fits(m, dtype, ws[0], device):
             print("    TMA tail: does not fit these shapes or this device")
             continue
-        saved = tma.MMA
-        try:  # the default first, then the other way of running stages 2 and 4 (tensor or CUDA cores)
-            for mma in (saved, not saved):
-                tma.MMA = mma
-                got, _ = tma.decode_layer_tail(a, res, ws[0])
-                err = _err(got, expect) / expect.abs().max().item()
-                t_tma = _streamed(lambda i, a=a, res=res: tma.decode_layer_tail(a, res, ws[i]), copies, reps)
-                print(f"    TMA tail (kernels.decode_tail_tma, MMA={mma}): {t_tma * 1e6:.2f} us "
-                      f"({gbs / t_tma:.2f} TB/s) rel_err {err:.1e}")  # fmt: skip
-        finally:
-            tma.MMA = saved
+        got, _ = tma.decode_layer_tail(a, res, ws[0])
+        err = _err(got, expect) / expect.abs().max().item()
+        t_tma = _streamed(lambda i, a=a, res=res: tma.decode_layer_tail(a, res, ws[i]), copies, reps)
+        print(f"    TMA tail (kernels.decode_tail_tma): {t_tma * 1e6:.2f} us ({gbs / t_tma:.2f} TB/s) "
+              f"rel_err {err:.1e}")  # fmt: skip
         _sweep_tail_attention(tma, a, res, ws, reps)
 
 

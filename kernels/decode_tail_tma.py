@@ -18,7 +18,7 @@ warp, 128 programs x 16 warps asking for the same L2 lines took ~4 us a stage in
 
 The stages, the grid barriers (an arrival counter) and the rounding points are those of
 kernels.decode_tail. Shapes: weights are viewed as (N, K / 256, 256) and copied in boxes of (rows,
-chunks, 256) (with MMA, gate_up and the next qkv as (K / 64, N, 64) in boxes of (K / 64, 16, 64)); only
+chunks, 256); only
 shapes that divide this way, 16-bit weights without biases, and slices that fit the
 shared memory take this kernel (`plan`); kernels.decode_tail takes the others. Gluon has no
 interpreter: tests compile this kernel for sm_90 on the CPU (tests/kernels/compile_sm90.py) and run it
@@ -33,7 +33,6 @@ from typing import NamedTuple
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from kernels import decode_tail_attn
@@ -55,13 +54,6 @@ NUM_WARPS = 16
 # issuing the next qkv's earlier (with down's once stage 2 has read its input: 18.0 us, W3 1,163; with
 # gate_up's and down's at the start: 18.5 us, W3 1,108) is slower
 SCHEDULE = 2
-# stages 2 and 4 (gate_up, the next qkv) on the tensor cores: each warp multiplies one 64-wide K slice of a
-# 16-row box (mma m16n8k16, x in the B operand's first column) and the slices' sums are added across
-# warps; their tiles are copied 128-byte swizzled, K slice by K slice, so each warp's ldmatrix rows do not
-# share banks. Needs H = 64 x the warps and 16-row boxes (mma_fits); else the CUDA-core stages. Off:
-# correct on the H200 but slower (`--sweep-tail` 18.82 us a layer against 17.92; W3 1,180 against 1,211).
-MMA = False
-MMA_ROWS = 16
 # whether the engine has the tail run the next layer's attention as a fifth stage (kernels.decode_tail_attn,
 # through dispatch.decode_layer_tail_attend). Off: correct (GPU tests, HF parity) but slower on the H200
 # so far; see that module's docstring
@@ -153,43 +145,18 @@ def _tile_dot(w, x, CHUNKS_FIRST: gl.constexpr = False):
 
 
 @gluon.jit
-def _mma_x(x, KS: gl.constexpr, M3: gl.constexpr):
-    """x (H / 256, 256) (held once by the program) as the B operand (KS, 64, 8): K slice ks of x in
-    column 0 of batch ks, zeros in the other columns."""
-    L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32, 1], [KS, 1, 1], [2, 1, 0])
-    xs = gl.convert_layout(gl.reshape(x, [KS, 64]), gl.SliceLayout(2, L3))
-    n = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
-    xb = gl.where(gl.expand_dims(gl.expand_dims(n == 0, 0), 1), gl.expand_dims(xs, 2), 0.0)
-    return gl.convert_layout(xb.to(x.dtype), gl.DotOperandLayout(operand_index=1, parent=M3, k_width=2))
-
-
-@gluon.jit
-def _mma_rows(box, xb, KS: gl.constexpr, R: gl.constexpr, M3: gl.constexpr):
-    """(16,) float32 row sums of a shared box (KS, 16, 64) times x: one K slice a warp on the tensor
-    cores, then the slices added (through shared memory) and the zero columns dropped."""
-    a = box.load(gl.DotOperandLayout(operand_index=0, parent=M3, k_width=2))
-    acc = mma_v2(a, xb, gl.zeros([KS, R, 8], gl.float32, M3))
-    return gl.sum(gl.sum(acc, axis=2), axis=0)
-
-
-@gluon.jit
 def _row_boxes_stage(bufs, bars, BAR0: gl.constexpr, x, y_ptr, pid, NRB: gl.constexpr, BR: gl.constexpr,
-                     L: gl.constexpr, CHUNKS_FIRST: gl.constexpr, MMA: gl.constexpr, KS: gl.constexpr,
-                     M3: gl.constexpr, trace_ptr, POINT: gl.constexpr, TRACE: gl.constexpr):  # fmt: skip
+                     L: gl.constexpr, CHUNKS_FIRST: gl.constexpr, trace_ptr, POINT: gl.constexpr,
+                     TRACE: gl.constexpr):  # fmt: skip
     """A stage whose weights are NRB row boxes of BR rows over the whole K (gate_up, the next qkv): each
-    box multiplied by x (the stage's input as _broadcast or, MMA, _mma_x made it) once its copy, counted
+    box multiplied by x (the stage's input as _broadcast made it) once its copy, counted
     by bars[BAR0 + box], has landed; the program's rows of y stored. POINT: stamped at the first box."""
     for rb in gl.static_range(NRB):
         mbarrier.wait(bars.index(BAR0 + rb), 0)
         if rb == 0:
             _stamp(trace_ptr, pid, POINT, TRACE)
-        if MMA:
-            acc = _mma_rows(bufs.index(rb), x, KS, BR, M3)
-            rows = gl.arange(0, BR, layout=gl.SliceLayout(0, gl.SliceLayout(2, M3)))
-        else:
-            acc = _tile_dot(bufs.index(rb).load(L), x, CHUNKS_FIRST)
-            rows = _rows_arange(BR, L)
-        gl.store(y_ptr + pid * (NRB * BR) + rb * BR + rows, acc.to(y_ptr.dtype.element_ty))
+        acc = _tile_dot(bufs.index(rb).load(L), x, CHUNKS_FIRST)
+        gl.store(y_ptr + pid * (NRB * BR) + rb * BR + _rows_arange(BR, L), acc.to(y_ptr.dtype.element_ty))
 
 
 @gluon.jit
@@ -206,16 +173,13 @@ def _o_slice(wo_ptr, pid, A: gl.constexpr, R1: gl.constexpr, L: gl.constexpr):
 @gluon.jit
 def _issue_box(j: gl.constexpr, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars,
                GU_NRB: gl.constexpr, GU_BR: gl.constexpr, D_NKB: gl.constexpr, D_BR: gl.constexpr,
-               D_C: gl.constexpr, Q_BR: gl.constexpr, MMA: gl.constexpr):  # fmt: skip
+               D_C: gl.constexpr, Q_BR: gl.constexpr):  # fmt: skip
     """The TMA copy of box j (gate_up row boxes, then down K boxes, then next-qkv row boxes), counted by
     its own mbarrier bars[j]."""
     bar = bars.index(j)
     if j < GU_NRB:
         mbarrier.expect(bar, gu_desc.block_type.nbytes)
-        if MMA:  # the (K / 64, N, 64) view
-            _tma_load(gu_desc, [0, pid * (GU_NRB * GU_BR) + j * GU_BR, 0], bar, gu_bufs.index(j))
-        else:
-            _tma_load(gu_desc, [pid * (GU_NRB * GU_BR) + j * GU_BR, 0, 0], bar, gu_bufs.index(j))
+        _tma_load(gu_desc, [pid * (GU_NRB * GU_BR) + j * GU_BR, 0, 0], bar, gu_bufs.index(j))
     elif j < GU_NRB + D_NKB:
         mbarrier.expect(bar, d_desc.block_type.nbytes)
         _tma_load(d_desc, [pid * D_BR, (j - GU_NRB) * D_C, 0], bar, d_bufs.index(j - GU_NRB))
@@ -223,19 +187,16 @@ def _issue_box(j: gl.constexpr, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q
         q = j - GU_NRB - D_NKB
         n_q: gl.constexpr = q_bufs.shape[0]
         mbarrier.expect(bar, q_desc.block_type.nbytes)
-        if MMA:
-            _tma_load(q_desc, [0, pid * (n_q * Q_BR) + q * Q_BR, 0], bar, q_bufs.index(q))
-        else:
-            _tma_load(q_desc, [pid * (n_q * Q_BR) + q * Q_BR, 0, 0], bar, q_bufs.index(q))
+        _tma_load(q_desc, [pid * (n_q * Q_BR) + q * Q_BR, 0, 0], bar, q_bufs.index(q))
 
 
 @gluon.jit
 def _issue_range(first: gl.constexpr, end: gl.constexpr, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs,
                  q_bufs, bars, GU_NRB: gl.constexpr, GU_BR: gl.constexpr, D_NKB: gl.constexpr,
-                 D_BR: gl.constexpr, D_C: gl.constexpr, Q_BR: gl.constexpr, MMA: gl.constexpr):  # fmt: skip
+                 D_BR: gl.constexpr, D_C: gl.constexpr, Q_BR: gl.constexpr):  # fmt: skip
     for j in gl.static_range(first, end):
         _issue_box(j, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR, D_NKB, D_BR,
-                   D_C, Q_BR, MMA)  # fmt: skip
+                   D_C, Q_BR)  # fmt: skip
 
 
 @gluon.jit
@@ -295,8 +256,6 @@ def _tail_tma_kernel(
     F_D: gl.constexpr,
     TRACE: gl.constexpr,  # timestamps at POINTS
     SCHEDULE: gl.constexpr,  # when the copies are issued (see SCHEDULE)
-    MMA: gl.constexpr,  # stages 2 and 4 on the tensor cores (see MMA), their boxes (KS, rows, 64)
-    M3: gl.constexpr,  # MMA: the (KS, 16, 8) accumulator layout, a K slice per warp
     HAS_ATTN: gl.constexpr,  # the next layer's attention too (HAS_NEXT; kernels.decode_tail_attn)
     NH: gl.constexpr,  # HAS_ATTN: query heads, KV heads, head dim, padded group rows
     HK: gl.constexpr,
@@ -314,17 +273,10 @@ def _tail_tma_kernel(
     dt: gl.constexpr = a_ptr.dtype.element_ty
     KH: gl.constexpr = H // 256
     NBOX: gl.constexpr = GU_NRB + D_NKB + (Q_NRB if HAS_NEXT else 0)
-    KS: gl.constexpr = H // 64
-    if MMA:
-        gu_bufs = gl.allocate_shared_memory(dt, [GU_NRB, KS, GU_BR, 64], gu_desc.layout)
-    else:
-        gu_bufs = gl.allocate_shared_memory(dt, [GU_NRB, GU_BR, KH, 256], gu_desc.layout)
+    gu_bufs = gl.allocate_shared_memory(dt, [GU_NRB, GU_BR, KH, 256], gu_desc.layout)
     d_bufs = gl.allocate_shared_memory(dt, [D_NKB, D_BR, D_C, 256], d_desc.layout)
     if HAS_NEXT:
-        if MMA:
-            q_bufs = gl.allocate_shared_memory(dt, [Q_NRB, KS, Q_BR, 64], q_desc.layout)
-        else:
-            q_bufs = gl.allocate_shared_memory(dt, [Q_NRB, Q_BR, KH, 256], q_desc.layout)
+        q_bufs = gl.allocate_shared_memory(dt, [Q_NRB, Q_BR, KH, 256], q_desc.layout)
     else:
         q_bufs = gu_bufs
     bars = gl.allocate_shared_memory(gl.int64, [NBOX, 1], mbarrier.MBarrierLayout())
@@ -346,10 +298,10 @@ def _tail_tma_kernel(
     a_in = gl.load(a_ptr + _offsets(0, A // 256, F_A))
     if SCHEDULE == 0:
         _issue_range(0, Q0 + NQB, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
-                     D_NKB, D_BR, D_C, Q_BR, MMA)  # fmt: skip
+                     D_NKB, D_BR, D_C, Q_BR)  # fmt: skip
     if SCHEDULE == 2:
         _issue_range(0, D0, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
-                     D_NKB, D_BR, D_C, Q_BR, MMA)  # fmt: skip
+                     D_NKB, D_BR, D_C, Q_BR)  # fmt: skip
     if HAS_ATTN:  # the attention's length and first block-table entries, long before they are needed
         ctx, blk = attention_blocks(bt_ptr, sl_ptr, pid, S, BN, BLOCK_SIZE, L4.warps_per_cta[0],
                                     BN // L4.warps_per_cta[0], L4)  # fmt: skip
@@ -365,19 +317,19 @@ def _tail_tma_kernel(
     gl.store(o_ptr + pid * R1 + _rows_arange(R1, L_O), _tile_dot(w1, x1).to(dt))
     if SCHEDULE == 3:
         _issue_range(0, D0, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
-                     D_NKB, D_BR, D_C, Q_BR, MMA)  # fmt: skip
+                     D_NKB, D_BR, D_C, Q_BR)  # fmt: skip
     _stamp(trace_ptr, pid, 1, TRACE)
     _grid_sync(bar_ptr, P)
     _stamp(trace_ptr, pid, 2, TRACE)
 
     # stage 2: h = o + residual; gu = rms_norm(h) * n2 @ Wgu^T, box by box as they land
     h, x2 = _add_norm(o_ptr, res, n2, h_ptr, eps2, pid == 0, H, F_H)
-    x2 = _mma_x(x2, KS, M3) if MMA else _broadcast(x2, L_GU)
+    x2 = _broadcast(x2, L_GU)
     _stamp(trace_ptr, pid, 3, TRACE)
     if SCHEDULE == 2 or SCHEDULE == 3:
         _issue_range(D0, Q0, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
-                     D_NKB, D_BR, D_C, Q_BR, MMA)  # fmt: skip
-    _row_boxes_stage(gu_bufs, bars, 0, x2, gu_ptr, pid, GU_NRB, GU_BR, L_GU, GU_CHUNKS_FIRST, MMA, KS, M3,
+                     D_NKB, D_BR, D_C, Q_BR)  # fmt: skip
+    _row_boxes_stage(gu_bufs, bars, 0, x2, gu_ptr, pid, GU_NRB, GU_BR, L_GU, GU_CHUNKS_FIRST,
                      trace_ptr, 4, TRACE)  # fmt: skip
     _stamp(trace_ptr, pid, 5, TRACE)
     _grid_sync(bar_ptr, 2 * P)
@@ -393,7 +345,7 @@ def _tail_tma_kernel(
         x33 = _silu_input(gu_ptr, 3 * D_C * 256, INTER, D_C, F_D, L_D)
     if SCHEDULE == 2 or SCHEDULE == 3:
         _issue_range(Q0, Q0 + NQB, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
-                     D_NKB, D_BR, D_C, Q_BR, MMA)  # fmt: skip
+                     D_NKB, D_BR, D_C, Q_BR)  # fmt: skip
     mbarrier.wait(bars.index(D0), 0)
     _stamp(trace_ptr, pid, 7, TRACE)
     acc = _tile_dot(d_bufs.index(0).load(L_D), x30)
@@ -414,8 +366,8 @@ def _tail_tma_kernel(
         _grid_sync(bar_ptr, 3 * P)
         _stamp(trace_ptr, pid, 9, TRACE)
         _, x4 = _add_norm(y_ptr, h, n1, h2_ptr, eps1, pid == 0, H, F_H)
-        x4 = _mma_x(x4, KS, M3) if MMA else _broadcast(x4, L_Q)
-        _row_boxes_stage(q_bufs, bars, Q0, x4, qkv_ptr, pid, Q_NRB, Q_BR, L_Q, Q_CHUNKS_FIRST, MMA, KS, M3,
+        x4 = _broadcast(x4, L_Q)
+        _row_boxes_stage(q_bufs, bars, Q0, x4, qkv_ptr, pid, Q_NRB, Q_BR, L_Q, Q_CHUNKS_FIRST,
                          trace_ptr, 10, TRACE)  # fmt: skip
         _stamp(trace_ptr, pid, 11, TRACE)
         if HAS_ATTN:
@@ -496,22 +448,12 @@ def _shared_layout() -> gl.NVMMASharedLayout:
 
 
 def _descriptor(w: torch.Tensor, box_rows: int, box_chunks: int):
-    """box_chunks 0: the MMA stages' boxes (K / 64, box_rows, 64) of the (K / 64, N, 64) view, 128-byte
-    swizzled; else (box_rows, box_chunks, 256) boxes of the (N, K / 256, 256) view, unswizzled."""
+    """(box_rows, box_chunks, 256) boxes of the (N, K / 256, 256) view, unswizzled."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     n, k = w.shape
-    if box_chunks == 0:
-        layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
-        return TensorDescriptor(w, [k // 64, n, 64], [64, k, 1], [k // 64, box_rows, 64], layout)
     return TensorDescriptor(w, [n, k // CHUNK, CHUNK], [k, CHUNK, 1], [box_rows, box_chunks, CHUNK],
                             _shared_layout())  # fmt: skip
-
-
-def mma_fits(h: int, p: TmaPlan) -> bool:
-    """Whether stages 2 and 4 can run on the tensor cores: a 64-wide K slice per warp, 16-row boxes."""
-    rows_gu, rows_q = p.gu[0] * p.gu[1], p.qkv[0] * p.qkv[1]
-    return h == 64 * NUM_WARPS and rows_gu % MMA_ROWS == 0 and rows_q % MMA_ROWS == 0
 
 
 _DESCRIPTORS: dict[tuple, tuple[torch.Tensor, object]] = {}
@@ -564,12 +506,7 @@ def launch_args(a: torch.Tensor, residual: torch.Tensor, w: TailWeights, p: TmaP
     o, h, gu, y = new(1, h_size), new(1, h_size), new(1, 2 * inter), new(1, h_size)
     h2, qkv = (new(1, h_size), new(1, w.qkv_next.shape[0])) if has_next else (y, y)
     (gu_nrb, gu_br), (d_rows, d_nkb, d_c), (q_nrb, q_br) = p.gu, p.down, p.qkv
-    mma = MMA and mma_fits(h_size, p)
     chunks = h_size // CHUNK
-    if mma:  # 16-row boxes, each a K slice per warp
-        gu_nrb, gu_br = gu_nrb * gu_br // MMA_ROWS, MMA_ROWS
-        q_nrb, q_br = (q_nrb * q_br // MMA_ROWS, MMA_ROWS) if has_next else (q_nrb, q_br)
-        chunks = 0
     describe = _cached_descriptor if a.device.type == "cuda" else _descriptor
     gu_desc = describe(w.gate_up, gu_br, chunks)
     d_desc = describe(w.down, d_rows, d_c)
@@ -596,9 +533,7 @@ def launch_args(a: torch.Tensor, residual: torch.Tensor, w: TailWeights, p: TmaP
         L_GU=_tile_layout(gu_br, h_size // CHUNK), L_D=_tile_layout(d_rows, d_c),
         L_Q=_tile_layout(q_br, h_size // CHUNK), F_A=_flat(a_width // CHUNK), F_H=_flat(h_size // CHUNK),
         F_D=_flat(d_c), TRACE=trace is not None,
-        SCHEDULE=SCHEDULE, MMA=mma,
-        M3=gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NUM_WARPS, 1, 1], instr_shape=[1, 16, 8])
-        if mma else None, HAS_ATTN=ap is not None, **attn_consts, num_warps=NUM_WARPS,
+        SCHEDULE=SCHEDULE, HAS_ATTN=ap is not None, **attn_consts, num_warps=NUM_WARPS,
     )  # fmt: skip
     result = (attn_out, h2) if ap is not None else ((qkv, h2) if has_next else (y, h))
     return (p.programs,), args, kwargs, result

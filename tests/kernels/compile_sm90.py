@@ -204,19 +204,15 @@ def _compile_tma_tail(tmp: Path) -> int:
     failures = 0
     r = lambda *shape: torch.zeros(*shape, dtype=torch.bfloat16)
     i32 = lambda *shape: torch.zeros(*shape, dtype=torch.int32)
-    default = tma.MMA
     # the next layer's attention as in the engine at batch 1 (Qwen3-0.6B: 16 q heads, 8 KV heads, 128)
     attn = NextAttention(16, 8, 128, r(128), r(128), 1e-6, 128**-0.5, torch.zeros(1, dtype=torch.int64),
                          torch.zeros(64, 128), r(64, 16, 8, 128), r(64, 16, 8, 128),
                          torch.zeros(1, dtype=torch.int64), i32(1, 4), i32(1))  # fmt: skip
-    cases = ((True, False, False), (False, False, False), (True, True, False), (False, True, False),
-             (True, False, True), (True, True, True))  # fmt: skip
-    for has_next, mma, attend in cases:
-        tma.MMA = mma
+    for has_next, attend in ((True, False), (False, False), (True, True)):
         nxt = (r(1024), 1e-6, r(4096, 1024), None) if has_next else (None, 1e-6, None, None)
         w = TailWeights(r(1024, 2048), None, r(1024), 1e-6, r(6144, 1024), None, r(1024, 3072), None, *nxt)
         p = tma._plan_for(w, torch.device("cpu"))
-        name = f"_tail_tma_kernel bf16 next={has_next} mma={mma} attention={attend}"
+        name = f"_tail_tma_kernel bf16 next={has_next} attention={attend}"
         try:
             if attend and not tma.attends(r(1, 2048), w, attn):
                 raise ValueError("the next layer's attention does not fit")
@@ -226,15 +222,10 @@ def _compile_tma_tail(tmp: Path) -> int:
             print(f"FAIL {name}: {type(exc).__name__}: {exc}")
             failures += 1
             continue
-        finally:
-            tma.MMA = default
         stack = _stack_bytes(compiled.asm["cubin"], tmp)
         copies = compiled.asm["ptx"].count("cp.async.bulk.tensor.3d")
         boxes = kwargs["GU_NRB"] + p.down[1] + (kwargs["Q_NRB"] if has_next else 0)
-        # with mma every gate_up and next-qkv box goes through the tensor cores
-        mma_boxes = kwargs["GU_NRB"] + (kwargs["Q_NRB"] if has_next else 0) if mma else 0
         bad = bool(stack) or copies != boxes or not p.shared <= compiled.metadata.shared <= tma.SHARED_LIMIT
-        bad = bad or compiled.asm["ptx"].count("mma.sync.aligned.m16n8k16") < mma_boxes
         failures += bad
         print(f"{'FAIL' if bad else 'ok'} {name} shared={compiled.metadata.shared} stack={stack} "
               f"bulk copies={copies} of {boxes} boxes")  # fmt: skip
