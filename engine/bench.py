@@ -222,6 +222,7 @@ def bench_gpu(args) -> dict:
             enforce_eager=args.eager,
             launch_ahead=not args.launch_after,
             max_num_seqs=max(len(prompts), 1) if args.workload != "w2" else 256,
+            **({"max_num_batched_tokens": n} if (n := args.max_num_batched_tokens) else {}),
         )
         print(f"engine start-up: {time.perf_counter() - t0:.2f} s")
         # warm-up: the workload's shapes and whole lengths with other ids, so that what the timed run
@@ -386,6 +387,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--launch-after",
         action="store_true",
         help="launch a late-sampling step's next forward only after its tokens are sampled",
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="GPU workloads: the engine's token budget per step (default: EngineConfig's)",
     )
     p.add_argument("--repeats", type=int, default=3, help="M1: timed repetitions (best is reported)")
     p.add_argument("--grammar-backend", default=None, help="G1: llguidance, xgrammar or outlines")

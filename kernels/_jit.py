@@ -137,6 +137,11 @@ def record_launches():
         _recording = None
 
 
+def recording() -> bool:
+    """Whether launches are being recorded (record_launches): launchers configure for the GPU."""
+    return _recording is not None
+
+
 def is_interpreting(t: torch.Tensor) -> bool:
     """Whether a launch on `t` runs in the interpreter (launchers use it to pick tile sizes)."""
     if _recording is not None:

@@ -727,6 +727,18 @@ def _sweep_tail_attention(tma, a, res, ws, reps: int) -> None:
     print(f"    TMA tail + the next layer's attention in one launch (kernels.decode_tail_attn): "
           f"{t_one * 1e6:.2f} us; tail then the fused decode attention launch: {t_apart * 1e6:.2f} us "
           f"(768 keys; rel diff {err:.1e})")  # fmt: skip
+    from kernels import pdl
+
+    saved, pdl.PDL = pdl.PDL, not pdl.PDL
+    try:
+        t_other = _streamed(apart, len(ws), reps)
+    finally:
+        pdl.PDL = saved
+    now, other = ("on", "off") if saved else ("off", "on")
+    print(
+        f"    tail then attention with programmatic dependent launch (kernels.pdl) {now}: "
+        f"{t_apart * 1e6:.2f} us, {other}: {t_other * 1e6:.2f}"
+    )
 
 
 def _gemv_sweep_configs(m: int) -> list:

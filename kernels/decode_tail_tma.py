@@ -35,7 +35,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from kernels import decode_tail_attn
+from kernels import decode_tail_attn, pdl
 from kernels._jit import arrival_counters, next_pow2
 from kernels.decode_tail_attn import ATTENTION_POINTS, attention_blocks, attention_stage, first_tile, stamp
 from kernels.reference import NextAttention, TailWeights
@@ -69,6 +69,14 @@ def _grid_sync(bar_ptr, target):
     while seen < target:
         seen = gl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
     _cta_barrier()
+
+
+@gluon.jit
+def _gdc(instruction: gl.constexpr, ON: gl.constexpr):
+    """griddepcontrol.wait / .launch_dependents when launched with programmatic dependent launch
+    (kernels.pdl)."""
+    if ON:
+        gl.inline_asm_elementwise(instruction + "; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -269,7 +277,9 @@ def _tail_tma_kernel(
     F1: gl.constexpr,
     F2: gl.constexpr,
     MS: gl.constexpr,
+    PDL: gl.constexpr,  # launched with programmatic dependent launch (kernels.pdl)
 ):
+    _gdc("griddepcontrol.launch_dependents", PDL)
     dt: gl.constexpr = a_ptr.dtype.element_ty
     KH: gl.constexpr = H // 256
     NBOX: gl.constexpr = GU_NRB + D_NKB + (Q_NRB if HAS_NEXT else 0)
@@ -295,6 +305,7 @@ def _tail_tma_kernel(
     # stage 1's weights and input first (nothing queued ahead of them), then the copies stream the later
     # stages' weights while stage 1 runs
     w1 = _o_slice(wo_ptr, pid, A, R1, L_O)
+    _gdc("griddepcontrol.wait", PDL)  # what the kernels before wrote: a, the residual, the counters
     a_in = gl.load(a_ptr + _offsets(0, A // 256, F_A))
     if SCHEDULE == 0:
         _issue_range(0, Q0 + NQB, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
@@ -534,6 +545,7 @@ def launch_args(a: torch.Tensor, residual: torch.Tensor, w: TailWeights, p: TmaP
         L_Q=_tile_layout(q_br, h_size // CHUNK), F_A=_flat(a_width // CHUNK), F_H=_flat(h_size // CHUNK),
         F_D=_flat(d_c), TRACE=trace is not None,
         SCHEDULE=SCHEDULE, HAS_ATTN=ap is not None, **attn_consts, num_warps=NUM_WARPS,
+        PDL=pdl.enabled(a.device), **pdl.launch_kwargs(pdl.enabled(a.device)),
     )  # fmt: skip
     result = (attn_out, h2) if ap is not None else ((qkv, h2) if has_next else (y, h))
     return (p.programs,), args, kwargs, result

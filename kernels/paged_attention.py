@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import pdl
 from kernels._jit import arrival_counters, is_interpreting, kernel, next_pow2
 
 LOG2E = 1.4426950408889634
@@ -228,6 +229,7 @@ def _decode_kernel(
     ONE_LOOP: tl.constexpr,  # every tile through one masked loop (DECODE_ONE_LOOP)
     HEAD_MAJOR: tl.constexpr,  # grid (num_kv_heads, batch, NUM_SPLITS): a sequence's heads together
     ORDERED: tl.constexpr,  # the grid's sequence index i runs sequence order[i]
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (kernels.pdl)
 ):
     """One (sequence, KV head, split) per program: grid (batch, num_kv_heads, NUM_SPLITS), or
     (num_kv_heads, batch, NUM_SPLITS) HEAD_MAJOR; ORDERED, the grid's batch index goes through order."""
@@ -237,6 +239,7 @@ def _decode_kernel(
     else:
         b = tl.program_id(0)  # sequence
         kvh = tl.program_id(1)  # KV head
+    pdl.release(PDL)
     if ORDERED:
         b = tl.load(order_ptr + b)
     split = tl.program_id(2)  # key range
@@ -267,6 +270,7 @@ def _decode_kernel(
         cos = tl.load(cs_ptr + pos * HEAD_DIM + d % half, mask=d_mask, other=0.0)[None, :]
         sin = tl.load(cs_ptr + pos * HEAD_DIM + half + d % half, mask=d_mask, other=0.0)[None, :]
         dt = q_ptr.dtype.element_ty
+        pdl.wait(PDL)  # q, k and v come from the kernel before
         qa = tl.load(q_rows + d[None, :], mask=gd_mask, other=0.0).to(tl.float32)
         qb = tl.load(q_rows + partner[None, :], mask=gd_mask, other=0.0).to(tl.float32)
         k_row = k_new_ptr + b.to(tl.int64) * stride_kb + kvh * HEAD_DIM
@@ -295,6 +299,7 @@ def _decode_kernel(
             tl.store(v_cache_ptr + dst, v_new.to(ct), mask=d_mask)
         tl.debug_barrier()
     else:
+        pdl.wait(PDL)
         q = tl.load(q_rows + d[None, :], mask=gd_mask, other=0.0)  # (BLOCK_G, BLOCK_D)
     slopes = 0.0
     if HAS_ALIBI:  # (BLOCK_G, 1)
@@ -681,8 +686,9 @@ def paged_decode_attention(
     if b == 0:
         return launch.out
     _decode_kernel[launch.grid](
-        *launch.args, **launch.consts, num_warps=launch.warps, num_stages=launch.stages
-    )
+        *launch.args, **launch.consts, num_warps=launch.warps, num_stages=launch.stages,
+        **pdl.launch_kwargs(launch.consts["PDL"]),
+    )  # fmt: skip
     if launch.partials is not None:  # the splits merged by a second launch
         out, (part_out, part_lse) = launch.out, launch.partials
         h, d = q.shape[1:]
@@ -784,7 +790,7 @@ def decode_launch(
         HAS_WINDOW=sliding_window is not None, HAS_ALIBI=alibi_slopes is not None,
         FUSE_QK=nt is not None, HAS_NORM=has_norm, FUSED_REDUCE=fused_reduce,
         DOT_PREC=_dot_precision(q.dtype), ONE_LOOP=DECODE_ONE_LOOP, HEAD_MAJOR=head_major,
-        ORDERED=order is not None,
+        ORDERED=order is not None, PDL=b == 1 and pdl.enabled(q.device),
     )  # fmt: skip
     partials = (part_out, part_lse) if num_splits > 1 and not fused_reduce else None
     return DecodeLaunch(args, consts, (b, hk, num_splits), out, warps, stages, partials)

@@ -78,6 +78,10 @@ def _launches(dtype: torch.dtype):
                         paged_decode_attention(q2, kc, vc, bt, sl, 0.1, new_token=new, num_splits=splits)
                     finally:
                         pa.DECODE_ONE_LOOP = default
+            one = NewTokenQK(qkv[:1, 16:24], qkv[:1, 24:], w[:128], w[:128], 1e-6, torch.arange(1),
+                             torch.randn(16, 128), torch.arange(1))  # fmt: skip
+            # batch 1: launched with programmatic dependent launch (kernels.pdl)
+            paged_decode_attention(qkv[:1, :16], kc, vc, bt[:1], sl[:1], 0.1, new_token=one, num_splits=16)
             from kernels.gemv import add_rms_norm_gemv, gemv
 
             h1, wq = torch.randn(1, 1024).to(dtype), torch.randn(4096, 1024).to(dtype)
@@ -123,7 +127,7 @@ def compile_gluon(fn, args, kwargs):
 def _signature(jf, args, kwargs):
     """(signature, constexprs, specialization attributes, compile options) of a launch."""
     kwargs = dict(kwargs)
-    option_names = ("num_warps", "num_stages", "launch_cooperative_grid")
+    option_names = ("num_warps", "num_stages", "launch_cooperative_grid", "launch_pdl")
     options = {k: kwargs.pop(k) for k in option_names if k in kwargs}
     values = dict(zip(jf.arg_names, args, strict=False)) | kwargs
     signature, constexprs, attrs = {}, {}, {}
@@ -216,7 +220,9 @@ def _compile_tma_tail(tmp: Path) -> int:
         try:
             if attend and not tma.attends(r(1, 2048), w, attn):
                 raise ValueError("the next layer's attention does not fit")
-            _, args, kwargs, _ = tma.launch_args(r(1, 2048), r(1, 1024), w, p, attn=attn if attend else None)
+            with record_launches():  # configured as on the H200 (programmatic dependent launch)
+                nxt_attn = attn if attend else None
+                _, args, kwargs, _ = tma.launch_args(r(1, 2048), r(1, 1024), w, p, attn=nxt_attn)
             compiled = compile_gluon(tma._tail_tma_kernel, args, kwargs)
         except Exception as exc:
             print(f"FAIL {name}: {type(exc).__name__}: {exc}")

@@ -1,0 +1,73 @@
+"""Programmatic dependent launch (Hopper and later) between the batch-1 decode launches.
+
+A kernel launched with `launch_pdl` may start while the kernel before it in the stream is still
+running, once every program of that one has executed `griddepcontrol.launch_dependents` (or exited).
+Its programs then run what does not depend on the previous kernel (weights, block tables, the step's
+host inputs) and block at `griddepcontrol.wait` until the previous kernel has finished and its writes
+are visible. At batch 1 a layer is two launches (the fused decode attention and the layer tail), each
+latency-bound: the next launch's start and its first weight requests overlap the end of the one before
+(the attention's split merge on a few SMs, the tail's last stage).
+
+Rules every user follows: a kernel launched with `launch_kwargs()` waits (`wait` / `gl_wait`) before
+it reads anything an earlier kernel of the step wrote (the Gluon tail: kernels.decode_tail_tma's
+`_gdc`); a kernel may call `release` anywhere, since a
+successor launched without the attribute still starts only once it has finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import _jit
+
+# the batch-1 decode attention and layer tail launched with programmatic dependent launch
+PDL = True
+
+
+@functools.cache
+def _supported_by_triton() -> bool:
+    from triton.backends.nvidia.compiler import CUDAOptions
+
+    return any(f.name == "launch_pdl" for f in dataclasses.fields(CUDAOptions))
+
+
+@functools.cache
+def _capable(index: int | None) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def enabled(device: torch.device) -> bool:
+    """Whether launches on device use programmatic dependent launch (CUDA, sm_90+, a Triton with it).
+    Inside kernels._jit.record_launches (compiling for sm_90 without a GPU) as on the H200."""
+    if not PDL or not _supported_by_triton():
+        return False
+    if device.type != "cuda":
+        return _jit.recording()
+    return _capable(device.index)
+
+
+def launch_kwargs(on: bool) -> dict:
+    return {"launch_pdl": True} if on else {}
+
+
+@triton.jit
+def wait(ON: tl.constexpr):
+    """Blocks until the previous kernel in the stream has finished and its writes are visible."""
+    if ON:
+        tl.inline_asm_elementwise(
+            "griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+        )
+
+
+@triton.jit
+def release(ON: tl.constexpr):
+    """Lets the next kernel (launched with launch_pdl) start once every program has passed here."""
+    if ON:
+        tl.inline_asm_elementwise(
+            "griddepcontrol.launch_dependents; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+        )
