@@ -107,12 +107,12 @@ class GpuGaps:
         import torch
 
         torch.cuda.synchronize()
-        spans: dict[str, float] = {}
+        spans: dict[str, list[float]] = {}
         for (a, ea), (b, eb) in zip(self.marks, self.marks[1:], strict=False):
-            key = f"{a} -> {b}"
-            spans[key] = spans.get(key, 0.0) + ea.elapsed_time(eb) * 1e3
-        cells = ", ".join(f"{k} {v / steps:.0f}" for k, v in sorted(spans.items(), key=lambda kv: -kv[1]))
-        print(f"gpu timeline (us per step, between events queued by the host): {cells}")
+            spans.setdefault(f"{a} -> {b}", []).append(ea.elapsed_time(eb) * 1e3)
+        ranked = sorted(spans.items(), key=lambda kv: -sum(kv[1]))
+        cells = ", ".join(f"{k} {sum(v) / steps:.0f} ({len(v)} x {sum(v) / len(v):.0f})" for k, v in ranked)
+        print(f"gpu timeline (us per step, between events queued by the host; (spans x mean us)): {cells}")
 
 
 class Profile:

@@ -52,7 +52,8 @@ NUM_WARPS = 16
 # input; 3 as 2 but gate_up's once stage 1 has stored its output. H200, `python -m kernels.bench
 # --sweep-tail`'s TMA line and W3: 2 17.3 us a layer, W3 1,200-1,211 tok/s; 3 17.9 us; 0 18.3-18.5 us;
 # issuing the next qkv's earlier (with down's once stage 2 has read its input: 18.0 us, W3 1,163; with
-# gate_up's and down's at the start: 18.5 us, W3 1,108) is slower
+# gate_up's and down's at the start: 18.5 us, W3 1,108) is slower; 4 as 2 but gate_up's before the wait
+# for the kernel before (kernels.pdl)
 SCHEDULE = 2
 # whether the engine has the tail run the next layer's attention as a fifth stage (kernels.decode_tail_attn,
 # through dispatch.decode_layer_tail_attend). Off: correct (GPU tests, HF parity) but slower on the H200
@@ -305,6 +306,9 @@ def _tail_tma_kernel(
     # stage 1's weights and input first (nothing queued ahead of them), then the copies stream the later
     # stages' weights while stage 1 runs
     w1 = _o_slice(wo_ptr, pid, A, R1, L_O)
+    if SCHEDULE == 4:  # gate_up's copies stream while the kernel before finishes (PDL)
+        _issue_range(0, D0, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
+                     D_NKB, D_BR, D_C, Q_BR)  # fmt: skip
     _gdc("griddepcontrol.wait", PDL)  # what the kernels before wrote: a, the residual, the counters
     a_in = gl.load(a_ptr + _offsets(0, A // 256, F_A))
     if SCHEDULE == 0:
@@ -337,7 +341,7 @@ def _tail_tma_kernel(
     h, x2 = _add_norm(o_ptr, res, n2, h_ptr, eps2, pid == 0, H, F_H)
     x2 = _broadcast(x2, L_GU)
     _stamp(trace_ptr, pid, 3, TRACE)
-    if SCHEDULE == 2 or SCHEDULE == 3:
+    if SCHEDULE >= 2:
         _issue_range(D0, Q0, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
                      D_NKB, D_BR, D_C, Q_BR)  # fmt: skip
     _row_boxes_stage(gu_bufs, bars, 0, x2, gu_ptr, pid, GU_NRB, GU_BR, L_GU, GU_CHUNKS_FIRST,
@@ -354,7 +358,7 @@ def _tail_tma_kernel(
         x32 = _silu_input(gu_ptr, 2 * D_C * 256, INTER, D_C, F_D, L_D)
     if D_NKB > 3:
         x33 = _silu_input(gu_ptr, 3 * D_C * 256, INTER, D_C, F_D, L_D)
-    if SCHEDULE == 2 or SCHEDULE == 3:
+    if SCHEDULE >= 2:
         _issue_range(Q0, Q0 + NQB, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
                      D_NKB, D_BR, D_C, Q_BR)  # fmt: skip
     mbarrier.wait(bars.index(D0), 0)

@@ -62,8 +62,12 @@ def _fused(q, k, v, wq, wk, pos, cs, kc, vc, bt, sl, slots, window=None, **kw):
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("norm", [True, False])
 @pytest.mark.parametrize("one_loop", [False, True])
-def test_fused_decode_matches_reference(dtype, num_splits, norm, one_loop, monkeypatch):
+@pytest.mark.parametrize("peel", [False, True])
+def test_fused_decode_matches_reference(dtype, num_splits, norm, one_loop, peel, monkeypatch):
+    """peel (split launches): each split's first tile asked for before the new token's work, the new
+    row patched in from registers; 70 keys in 3 splits of 16-key tiles run a peeled tile and a loop."""
     monkeypatch.setattr(paged_attention, "DECODE_ONE_LOOP", one_loop)
+    monkeypatch.setattr(paged_attention, "DECODE_PEEL", peel)
     case = _case(dtype, [37, 5, 70], norm=norm)
     out, kc, vc = _fused(*case, num_splits=num_splits)
     want, kc_ref, vc_ref = _reference(*case)
@@ -74,8 +78,10 @@ def test_fused_decode_matches_reference(dtype, num_splits, norm, one_loop, monke
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("one_loop", [False, True])
-def test_fused_decode_window_and_padding_row(dtype, one_loop, monkeypatch):
+@pytest.mark.parametrize("peel", [False, True])
+def test_fused_decode_window_and_padding_row(dtype, one_loop, peel, monkeypatch):
     monkeypatch.setattr(paged_attention, "DECODE_ONE_LOOP", one_loop)
+    monkeypatch.setattr(paged_attention, "DECODE_PEEL", peel)
     case = _case(dtype, [40, 0, 23])  # row 1 is CUDA-graph padding: seq_len 0, slot -1
     out, kc, vc = _fused(*case, window=9, num_splits=2)
     want, kc_ref, vc_ref = _reference(*case, window=9)
