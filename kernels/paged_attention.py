@@ -502,12 +502,16 @@ DECODE_ONE_LOOP = True
 DECODE_HEAD_MAJOR = True
 DECODE_LONGEST_FIRST = True
 
-# Split decode launches (narrow batches, W3's batch 1) with the new token fused: each split's first tile
+# Split decode launches at batch 1 (W3) with the new token fused: each split's first tile
 # of K/V asked for before the new token's q/k norm, RoPE and store (and, launched with programmatic
 # dependent launch, before the wait for the kernel before), the new position's row taken from registers.
 # Read at launch. H200, W3: with kernels.pdl 1,247 / 1,246 / 1,246 against 1,232 / 1,229 / 1,235 without
 # (one machine session); before it, when nothing overlapped the launch's start, 1,175 against 1,209
 DECODE_PEEL = True
+# software pipeline stages of a peeled launch: its other tiles (past 2,048 keys at 32 splits) are not
+# pipelined, so the peeled tile stays in registers without spills (triton 3.9 spills 40-48 bytes with
+# 3 stages, 3.6 none); W3 1,243 / 1,250 against 1,246 / 1,245 with 3 (H200, one machine session)
+PEEL_STAGES = 1
 
 
 def wants_order(batch: int, num_kv_heads: int, device: torch.device) -> bool:
@@ -828,6 +832,9 @@ def decode_launch(
     if key == "16bit" and wide:
         key = "16bit_wide"
     block_n, warps, stages = DECODE_CONFIGS[key]
+    peel = DECODE_PEEL and nt is not None and num_splits > 1 and b == 1
+    if peel:
+        stages = PEEL_STAGES
     fused_reduce = fused_reduce and num_splits > 1 and b * hk <= _MAX_COUNTERS
     if num_splits > 1:
         part_out = torch.empty((b, h, num_splits, d), dtype=torch.float32, device=q.device)
@@ -856,7 +863,7 @@ def decode_launch(
         FUSE_QK=nt is not None, HAS_NORM=has_norm, FUSED_REDUCE=fused_reduce,
         DOT_PREC=_dot_precision(q.dtype), ONE_LOOP=DECODE_ONE_LOOP, HEAD_MAJOR=head_major,
         ORDERED=order is not None, PDL=b == 1 and pdl.enabled(q.device),
-        PEEL=DECODE_PEEL and nt is not None and num_splits > 1,
+        PEEL=peel,
     )  # fmt: skip
     partials = (part_out, part_lse) if num_splits > 1 and not fused_reduce else None
     return DecodeLaunch(args, consts, (b, hk, num_splits), out, warps, stages, partials)

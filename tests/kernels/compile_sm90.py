@@ -157,6 +157,18 @@ def _descriptor_type(desc) -> str:
     return f"tensordesc<{TYPES[desc.base.dtype]}[{block}],{desc.layout!r}>"
 
 
+def _pdl_check(compiled, kwargs) -> tuple[bool, str]:
+    """(ok, note): a launch asking for programmatic dependent launch (kernels.pdl: PDL=True) has both grid
+    dependency instructions and the launch attribute; one not asking has neither."""
+    want = bool(kwargs.get("PDL", False))
+    ptx = compiled.asm["ptx"]
+    has = ("griddepcontrol.wait" in ptx, "griddepcontrol.launch_dependents" in ptx)
+    has += (compiled.metadata.launch_pdl,)
+    if all(has) if want else not any(has):
+        return True, " pdl" if want else ""
+    return False, f" PDL={want} but (wait, launch_dependents, launch attribute) = {has}"
+
+
 def _stack_bytes(cubin: bytes, tmp: Path) -> int | None:
     """Spilled bytes per thread, from cuobjdump (None if it is not available)."""
     cuobjdump = os.path.join(NV_BIN, "cuobjdump")
@@ -189,8 +201,10 @@ def main() -> int:
                 # still the fastest configuration measured (kernels.bench --sweep)
                 checked = "attention" in fn.__module__ or "tail" in fn.__module__
                 spills = bool(stack) and stack > SPILL_TOLERANCE and checked
-                failures += spills
-                print(f"{'SPILL' if spills else 'ok'} {name} shared={compiled.metadata.shared} stack={stack}")
+                pdl_ok, pdl = _pdl_check(compiled, kwargs)
+                failures += spills or not pdl_ok
+                status = "SPILL" if spills else ("ok" if pdl_ok else "FAIL")
+                print(f"{status} {name} shared={compiled.metadata.shared} stack={stack}{pdl}")
         failures += _compile_tma_tail(Path(tmp))
     return 1 if failures else 0
 
@@ -231,10 +245,12 @@ def _compile_tma_tail(tmp: Path) -> int:
         stack = _stack_bytes(compiled.asm["cubin"], tmp)
         copies = compiled.asm["ptx"].count("cp.async.bulk.tensor.3d")
         boxes = kwargs["GU_NRB"] + p.down[1] + (kwargs["Q_NRB"] if has_next else 0)
+        pdl_ok, pdl = _pdl_check(compiled, kwargs)
         bad = bool(stack) or copies != boxes or not p.shared <= compiled.metadata.shared <= tma.SHARED_LIMIT
+        bad = bad or not (pdl_ok and kwargs["PDL"])  # launched after the decode attention, overlapping it
         failures += bad
         print(f"{'FAIL' if bad else 'ok'} {name} shared={compiled.metadata.shared} stack={stack} "
-              f"bulk copies={copies} of {boxes} boxes")  # fmt: skip
+              f"bulk copies={copies} of {boxes} boxes{pdl}")  # fmt: skip
     return failures
 
 
