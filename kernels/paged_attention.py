@@ -22,11 +22,10 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _tile_kv(k_cache_ptr, v_cache_ptr, bt_row, start, hi, kvh, d, d_mask, NUM_KV_HEADS: tl.constexpr,
-             HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-             MASKED: tl.constexpr):  # fmt: skip
-    """K and V (BLOCK_N, BLOCK_D) of keys [start, start + BLOCK_N) gathered through the block table (MASKED:
-    keys >= hi read as zeros), and the keys' positions."""
+def _tile_offsets(bt_row, start, hi, kvh, d, d_mask, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """(positions (BLOCK_N,), cache offsets and mask (BLOCK_N, BLOCK_D)) of keys [start, start + BLOCK_N)
+    through the block table (MASKED: keys >= hi masked)."""
     offs_n = start + tl.arange(0, BLOCK_N)
     if MASKED:
         n_mask = offs_n < hi
@@ -37,31 +36,13 @@ def _tile_kv(k_cache_ptr, v_cache_ptr, bt_row, start, hi, kvh, d, d_mask, NUM_KV
         kv_mask = d_mask[None, :]
     slot = blk * BLOCK_SIZE + offs_n % BLOCK_SIZE  # (BLOCK_N,)
     kv_off = slot[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d[None, :]  # (BLOCK_N, BLOCK_D)
-    k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-    v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-    return k, v, offs_n
+    return offs_n, kv_off, kv_mask
 
 
 @triton.jit
-def _fold_tile(
-    q,  # (BLOCK_M, BLOCK_D)
-    acc,  # (BLOCK_M, BLOCK_D) float32, unnormalized output
-    m_i,  # (BLOCK_M,) running max of the base-2 scores
-    l_i,  # (BLOCK_M,) running sum of exp2(score - m_i)
-    k,  # (BLOCK_N, BLOCK_D) the tile's keys
-    v,  # (BLOCK_N, BLOCK_D) and values
-    offs_n,  # (BLOCK_N,) their positions
-    hi,  # keys >= hi are out of range
-    q_pos,  # (BLOCK_M,) query positions
-    scale_log2,
-    slope,  # ALiBi slope * log2(e): scalar (one head) or (rows, 1) (a head per row)
-    window,
-    MASKED: tl.constexpr,  # False: every key of the tile is in range and visible to every row
-    HAS_WINDOW: tl.constexpr,
-    HAS_ALIBI: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-):
-    """One tile of keys folded into the online softmax."""
+def _softmax_step(q, k, m_i, l_i, offs_n, hi, q_pos, scale_log2, slope, window, MASKED: tl.constexpr,
+                  HAS_WINDOW: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
+    """The online softmax over one tile of keys k (BLOCK_N, BLOCK_D): (p, alpha, new max, new sum)."""
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale_log2  # (BLOCK_M, BLOCK_N)
     if HAS_ALIBI:
         s += slope * (offs_n[None, :] - q_pos[:, None]).to(tl.float32)
@@ -76,8 +57,7 @@ def _fold_tile(
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-    return acc, m_new, l_i
+    return p, alpha, m_new, l_i
 
 
 @triton.jit
@@ -107,12 +87,39 @@ def _attend_tile(
     HAS_ALIBI: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    """One BLOCK_N tile of keys gathered and folded into the online softmax (a helper: interpreted or
-    compiled with its caller, see kernels._jit)."""
-    k, v, offs_n = _tile_kv(k_cache_ptr, v_cache_ptr, bt_row, start, hi, kvh, d, d_mask, NUM_KV_HEADS,
-                            HEAD_DIM, BLOCK_SIZE, BLOCK_N, MASKED)  # fmt: skip
-    return _fold_tile(q, acc, m_i, l_i, k, v, offs_n, hi, q_pos, scale_log2, slope, window, MASKED,
-                      HAS_WINDOW, HAS_ALIBI, DOT_PREC)  # fmt: skip
+    """One BLOCK_N tile of keys folded into the online softmax, its values asked for once the scores are
+    computed (a helper: interpreted or compiled with its caller, see kernels._jit)."""
+    offs_n, kv_off, kv_mask = _tile_offsets(bt_row, start, hi, kvh, d, d_mask, NUM_KV_HEADS, HEAD_DIM,
+                                            BLOCK_SIZE, BLOCK_N, MASKED)  # fmt: skip
+    k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+    p, alpha, m_new, l_i = _softmax_step(q, k, m_i, l_i, offs_n, hi, q_pos, scale_log2, slope, window, MASKED,
+                                         HAS_WINDOW, HAS_ALIBI, DOT_PREC)  # fmt: skip
+    v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _tile_kv(k_cache_ptr, v_cache_ptr, bt_row, start, hi, kvh, d, d_mask, NUM_KV_HEADS: tl.constexpr,
+             HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+             MASKED: tl.constexpr):  # fmt: skip
+    """K and V (BLOCK_N, BLOCK_D) of keys [start, start + BLOCK_N) asked for together (the peeled tile:
+    MASKED keys >= hi read as zeros), and the keys' positions."""
+    offs_n, kv_off, kv_mask = _tile_offsets(bt_row, start, hi, kvh, d, d_mask, NUM_KV_HEADS, HEAD_DIM,
+                                            BLOCK_SIZE, BLOCK_N, MASKED)  # fmt: skip
+    k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+    v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+    return k, v, offs_n
+
+
+@triton.jit
+def _fold_tile(q, acc, m_i, l_i, k, v, offs_n, hi, q_pos, scale_log2, slope, window, MASKED: tl.constexpr,
+               HAS_WINDOW: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PREC: tl.constexpr):  # fmt: skip
+    """A tile of keys and values already in registers (_tile_kv) folded into the online softmax."""
+    p, alpha, m_new, l_i = _softmax_step(q, k, m_i, l_i, offs_n, hi, q_pos, scale_log2, slope, window, MASKED,
+                                         HAS_WINDOW, HAS_ALIBI, DOT_PREC)  # fmt: skip
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    return acc, m_new, l_i
 
 
 @kernel
@@ -296,9 +303,9 @@ def _decode_kernel(
     d_mask = d < HEAD_DIM
     gd_mask = g_mask[:, None] & d_mask[None, :]
     q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh  # (BLOCK_G, 1)
-    bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
     if PEEL:  # the first tile's K/V asked for before the new token's q/k work (they do not depend on it)
-        k0, v0, offs0 = _tile_kv(k_cache_ptr, v_cache_ptr, bt_row, s_lo, s_hi, kvh, d, d_mask, NUM_KV_HEADS,
+        bt0 = block_tables_ptr + b.to(tl.int64) * stride_bt
+        k0, v0, offs0 = _tile_kv(k_cache_ptr, v_cache_ptr, bt0, s_lo, s_hi, kvh, d, d_mask, NUM_KV_HEADS,
                                  HEAD_DIM, BLOCK_SIZE, BLOCK_N, True)  # fmt: skip
     if FUSE_QK:
         # rounded exactly as kernels.qk_norm_rope: norm (to the dtype), times the weight (to the dtype),
@@ -364,6 +371,7 @@ def _decode_kernel(
     m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)
+    bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
     first = s_lo
     if PEEL:
         acc, m_i, l_i = _fold_tile(q, acc, m_i, l_i, k0, v0, offs0, s_hi, q_pos, scale_log2, slopes, window,
