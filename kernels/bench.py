@@ -688,56 +688,41 @@ def sweep_tail(dtype, device, reps: int = 10) -> None:
         t_tma = _streamed(lambda i, a=a, res=res: tma.decode_layer_tail(a, res, ws[i]), copies, reps)
         print(f"    TMA tail (kernels.decode_tail_tma): {t_tma * 1e6:.2f} us ({gbs / t_tma:.2f} TB/s) "
               f"rel_err {err:.1e}")  # fmt: skip
-        _sweep_tail_attention(tma, a, res, ws, reps)
+        _sweep_tail_then_attention(tma, a, res, ws, reps)
 
 
-def next_attentions(copies: int, ctx: int, dtype, device) -> list:
-    """`copies` layers' NextAttention of one sequence of ctx keys (the new one included), each over a
-    cache of its own, at the Qwen3-0.6B attention shapes."""
-    from kernels.reference import NextAttention
-
-    out = []
-    for _ in range(copies):
-        _, kc, vc, bt, _, sl = _paged(1, ctx, 1, dtype, device)
-        _, t = _new_token(sl, bt, dtype, device)
-        norms = (t.q_norm_weight, t.k_norm_weight, 1e-6, HEAD_DIM**-0.5)
-        out.append(NextAttention(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, *norms, t.positions, t.cos_sin, kc, vc,
-                                 t.slot_mapping, bt, sl))  # fmt: skip
-    return out
-
-
-def _sweep_tail_attention(tma, a, res, ws, reps: int) -> None:
-    """The TMA tail with the next layer's attention as its fifth stage (kernels.decode_tail_attn) against
-    the tail and then the fused decode attention launch (what the engine runs without the stage), W3's
-    middle context (768 keys), 8 layers' weights and caches streamed."""
+def _sweep_tail_then_attention(tma, a, res, ws, reps: int) -> None:
+    """The TMA tail and then the next layer's fused decode attention (a layer at batch 1 as the engine
+    launches it) at W3's middle context (768 keys), 8 layers' weights and caches streamed, with
+    programmatic dependent launch (kernels.pdl) on and off."""
     from kernels import dispatch as ops
-
-    ns = next_attentions(len(ws), 768, a.dtype, a.device)
-    if not tma.attends(a, ws[0], ns[0]):
-        print("    TMA tail + attention: does not fit")
-        return
-
-    apart = lambda i: ops.attend_next(tma.decode_layer_tail(a, res, ws[i])[0], ns[i])
-
-    got, _ = tma.decode_layer_tail(a, res, ws[0], attn=ns[0])
-    expect = apart(0)
-    err = _err(got, expect) / expect.abs().max().item()
-    t_one = _streamed(lambda i: tma.decode_layer_tail(a, res, ws[i], attn=ns[i]), len(ws), reps)
-    t_apart = _streamed(apart, len(ws), reps)
-    print(f"    TMA tail + the next layer's attention in one launch (kernels.decode_tail_attn): "
-          f"{t_one * 1e6:.2f} us; tail then the fused decode attention launch: {t_apart * 1e6:.2f} us "
-          f"(768 keys; rel diff {err:.1e})")  # fmt: skip
     from kernels import pdl
 
-    saved, pdl.PDL = pdl.PDL, not pdl.PDL
+    caches = []
+    for _ in ws:
+        _, kc, vc, bt, _, sl = _paged(1, 768, 1, a.dtype, a.device)
+        caches.append((kc, vc, bt, sl, _new_token(sl, bt, a.dtype, a.device)[1]))
+
+    def layer(i: int) -> torch.Tensor:
+        qkv, _ = tma.decode_layer_tail(a, res, ws[i])
+        q, k, v = qkv.view(1, -1, HEAD_DIM).split([NUM_HEADS, NUM_KV_HEADS, NUM_KV_HEADS], dim=1)
+        kc, vc, bt, sl, t = caches[i]
+        return ops.qk_norm_rope_decode_attention(
+            q, k, v, t.q_norm_weight, t.k_norm_weight, t.eps, t.positions, t.cos_sin, kc, vc, t.slot_mapping,
+            bt, sl, HEAD_DIM**-0.5,
+        )  # fmt: skip
+
+    times = {}
+    saved = pdl.PDL
     try:
-        t_other = _streamed(apart, len(ws), reps)
+        for on in (True, False):
+            pdl.PDL = on
+            times[on] = _streamed(layer, len(ws), reps)
     finally:
         pdl.PDL = saved
-    now, other = ("on", "off") if saved else ("off", "on")
     print(
-        f"    tail then attention with programmatic dependent launch (kernels.pdl) {now}: "
-        f"{t_apart * 1e6:.2f} us, {other}: {t_other * 1e6:.2f}"
+        f"    tail then the fused decode attention launch (768 keys): {times[True] * 1e6:.2f} us with "
+        f"programmatic dependent launch (kernels.pdl), {times[False] * 1e6:.2f} without"
     )
 
 

@@ -18,8 +18,7 @@ warp, 128 programs x 16 warps asking for the same L2 lines took ~4 us a stage in
 
 The stages, the grid barriers (an arrival counter) and the rounding points are those of
 kernels.decode_tail. Shapes: weights are viewed as (N, K / 256, 256) and copied in boxes of (rows,
-chunks, 256); only
-shapes that divide this way, 16-bit weights without biases, and slices that fit the
+chunks, 256); only shapes that divide this way, 16-bit weights without biases, and slices that fit the
 shared memory take this kernel (`plan`); kernels.decode_tail takes the others. Gluon has no
 interpreter: tests compile this kernel for sm_90 on the CPU (tests/kernels/compile_sm90.py) and run it
 on the GPU.
@@ -35,10 +34,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from kernels import decode_tail_attn, pdl
+from kernels import pdl
 from kernels._jit import arrival_counters, next_pow2
-from kernels.decode_tail_attn import ATTENTION_POINTS, attention_blocks, attention_stage, first_tile, stamp
-from kernels.reference import NextAttention, TailWeights
+from kernels.reference import TailWeights
 
 # the names moved between Triton releases (3.6 on the H200, newer here)
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -55,10 +53,6 @@ NUM_WARPS = 16
 # gate_up's and down's at the start: 18.5 us, W3 1,108) is slower; 4 as 2 but gate_up's before the wait
 # for the kernel before (kernels.pdl)
 SCHEDULE = 2
-# whether the engine has the tail run the next layer's attention as a fifth stage (kernels.decode_tail_attn,
-# through dispatch.decode_layer_tail_attend). Off: correct (GPU tests, HF parity) but slower on the H200
-# so far; see that module's docstring
-ATTENTION = False
 
 
 @gluon.jit
@@ -82,14 +76,19 @@ def _gdc(instruction: gl.constexpr, ON: gl.constexpr):
 
 @gluon.jit
 def _stamp(trace_ptr, pid, point: gl.constexpr, TRACE: gl.constexpr):
-    """TRACE: trace[pid, point] = the GPU's clock once every warp is here (decode_tail_attn.stamp)."""
-    stamp(trace_ptr, pid, point, TRACE_POINTS, TRACE)
+    """TRACE: once every warp of the program is here, the GPU's nanosecond clock goes to
+    trace[pid, point] (kernels.tail_timeline --tma); otherwise nothing."""
+    if TRACE:
+        _cta_barrier()
+        t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
+                                      pack=1)  # fmt: skip
+        gl.store(trace_ptr + pid * TRACE_POINTS + point, t)
 
 
-# the traced points (kernels.tail_timeline --tma); the last five with the next layer's attention only
+# the traced points (kernels.tail_timeline --tma)
 POINTS = ("start", "1 (o) end", "barrier 1 exit", "2 (gate_up) input read", "2 weights landed", "2 end",
           "barrier 2 exit", "3 (down) weights landed", "3 end", "barrier 3 exit", "4 (qkv) weights landed",
-          "4 end", "barrier 4 exit", *ATTENTION_POINTS)  # fmt: skip
+          "4 end")  # fmt: skip
 TRACE_POINTS: gl.constexpr = gl.constexpr(len(POINTS))
 
 
@@ -226,21 +225,6 @@ def _tail_tma_kernel(
     qkv_ptr,  # (1, NQ) (HAS_NEXT)
     bar_ptr,  # (2,) int32 zeros: barrier arrivals and exits; left zeroed
     trace_ptr,  # TRACE: (P, TRACE_POINTS) int64 nanoseconds
-    an_ptr,  # HAS_ATTN (kernels.decode_tail_attn): (1, NH * HD) the next layer's attention output
-    kc_ptr,  # HAS_ATTN: the next layer's K/V cache (num_blocks, BLOCK_SIZE, HK, HD)
-    vc_ptr,
-    bt_ptr,  # HAS_ATTN: (1, max_blocks) int32 block table
-    sl_ptr,  # HAS_ATTN: (1,) int32 sequence length, incl. the new token
-    slot_ptr,  # HAS_ATTN: (1,) int the new token's cache slot
-    pos_ptr,  # HAS_ATTN: (1,) int its position
-    cs_ptr,  # HAS_ATTN: (max_positions, HD) float32 [cos | sin]
-    qn_ptr,  # HAS_ATTN and HAS_NORM: (HD,) q and k norm weights
-    kn_ptr,
-    part_ptr,  # HAS_ATTN: (HK * S * G, HD) float32 split partials
-    lse_ptr,  # HAS_ATTN: (HK * S * G,) float32
-    cnt_ptr,  # HAS_ATTN: (>= HK,) int32 zeros: arrivals per KV head; left zeroed
-    scale_log2,
-    eps_qk,
     P,  # programs
     eps2,
     eps1,
@@ -265,19 +249,6 @@ def _tail_tma_kernel(
     F_D: gl.constexpr,
     TRACE: gl.constexpr,  # timestamps at POINTS
     SCHEDULE: gl.constexpr,  # when the copies are issued (see SCHEDULE)
-    HAS_ATTN: gl.constexpr,  # the next layer's attention too (HAS_NEXT; kernels.decode_tail_attn)
-    NH: gl.constexpr,  # HAS_ATTN: query heads, KV heads, head dim, padded group rows
-    HK: gl.constexpr,
-    HD: gl.constexpr,
-    G: gl.constexpr,
-    BLOCK_SIZE: gl.constexpr,  # HAS_ATTN: the cache's block size
-    S: gl.constexpr,  # HAS_ATTN: splits of each KV head's context (P / HK)
-    BN: gl.constexpr,  # HAS_ATTN: keys a tile
-    HAS_NORM: gl.constexpr,
-    L4: gl.constexpr,  # HAS_ATTN: decode_tail_attn.layouts
-    F1: gl.constexpr,
-    F2: gl.constexpr,
-    MS: gl.constexpr,
     PDL: gl.constexpr,  # launched with programmatic dependent launch (kernels.pdl)
 ):
     _gdc("griddepcontrol.launch_dependents", PDL)
@@ -317,9 +288,6 @@ def _tail_tma_kernel(
     if SCHEDULE == 2:
         _issue_range(0, D0, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
                      D_NKB, D_BR, D_C, Q_BR)  # fmt: skip
-    if HAS_ATTN:  # the attention's length and first block-table entries, long before they are needed
-        ctx, blk = attention_blocks(bt_ptr, sl_ptr, pid, S, BN, BLOCK_SIZE, L4.warps_per_cta[0],
-                                    BN // L4.warps_per_cta[0], L4)  # fmt: skip
     # what the stages read that no stage writes
     hoffs = _offsets(0, KH, F_H)
     res = gl.load(res_ptr + hoffs)
@@ -385,15 +353,6 @@ def _tail_tma_kernel(
         _row_boxes_stage(q_bufs, bars, Q0, x4, qkv_ptr, pid, Q_NRB, Q_BR, L_Q, Q_CHUNKS_FIRST,
                          trace_ptr, 10, TRACE)  # fmt: skip
         _stamp(trace_ptr, pid, 11, TRACE)
-        if HAS_ATTN:
-            # stage 5: the next layer's attention over the qkv row every program has now stored
-            _grid_sync(bar_ptr, 4 * P)
-            _stamp(trace_ptr, pid, 12, TRACE)
-            k0, v0 = first_tile(kc_ptr, vc_ptr, blk, ctx, pid, HK, HD, BLOCK_SIZE, S, BN, L4)
-            attention_stage(qkv_ptr, an_ptr, kc_ptr, vc_ptr, bt_ptr, slot_ptr, pos_ptr, cs_ptr, qn_ptr,
-                            kn_ptr, part_ptr, lse_ptr, cnt_ptr, ctx, k0, v0, pid, scale_log2, eps_qk, NH, HK,
-                            HD, G, BLOCK_SIZE, S, BN, HAS_NORM, L4, F1, F2, MS, trace_ptr, 13,
-                            TRACE_POINTS, TRACE)  # fmt: skip
     # the last program out leaves the counters zeroed for the next launch
     _cta_barrier()
     done = gl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu")
@@ -512,9 +471,8 @@ def _plan_for(w: TailWeights, device: torch.device) -> TmaPlan | None:
 
 
 def launch_args(a: torch.Tensor, residual: torch.Tensor, w: TailWeights, p: TmaPlan,
-                trace: torch.Tensor | None = None, attn: NextAttention | None = None):  # fmt: skip
-    """(grid, args, kwargs, result) of one launch (kept apart so tests compile it without a GPU); with
-    attn (see attention_plan), the result is (the next layer's attention output, residual)."""
+                trace: torch.Tensor | None = None):  # fmt: skip
+    """(grid, args, kwargs, result) of one launch (kept apart so tests compile it without a GPU)."""
     h_size, a_width, inter = w.o.shape[0], w.o.shape[1], w.down.shape[1]
     has_next = w.qkv_next is not None
     new = lambda *shape: torch.empty(shape, dtype=a.dtype, device=a.device)
@@ -526,51 +484,22 @@ def launch_args(a: torch.Tensor, residual: torch.Tensor, w: TailWeights, p: TmaP
     gu_desc = describe(w.gate_up, gu_br, chunks)
     d_desc = describe(w.down, d_rows, d_c)
     q_desc = describe(w.qkv_next, q_br, chunks) if has_next else gu_desc
-    ap = attention_plan(w, p, attn) if attn is not None else None
-    if attn is not None and ap is None:
-        raise ValueError("decode_tail_tma: this tail cannot run that attention (attention_plan)")
-    if ap is not None:
-        attn_args, attn_consts, attn_out = decode_tail_attn.launch_args(attn, ap, a)
-        attn_consts |= decode_tail_attn.layouts(ap, attn.head_dim, NUM_WARPS)
-    else:
-        attn_args, attn_out = (a,) * 13 + (1.0, 0.0), None
-        attn_consts = dict(NH=1, HK=1, HD=1, G=1, BLOCK_SIZE=1, S=1, BN=1, HAS_NORM=False, L4=None, F1=None,
-                           F2=None, MS=None)  # fmt: skip
     args = (
         a, residual, w.o, w.norm2, w.norm1_next if has_next else w.norm2, gu_desc, d_desc, q_desc,
         o, h, gu, y, h2, qkv, arrival_counters("decode_tail_tma", 2, a.device),
-        trace if trace is not None else a, *attn_args, p.programs,
-        w.eps2, w.eps1_next,
+        trace if trace is not None else a, p.programs, w.eps2, w.eps1_next,
     )  # fmt: skip
+    overlap = pdl.enabled(a.device)  # launched after the decode attention, starting while it ends
     kwargs = dict(
         H=h_size, A=a_width, INTER=inter, HAS_NEXT=has_next, R1=p.r1, GU_NRB=gu_nrb, GU_BR=gu_br,
         D_NKB=d_nkb, D_BR=d_rows, D_C=d_c, Q_NRB=q_nrb, Q_BR=q_br, L_O=_tile_layout(p.r1, a_width // CHUNK),
         L_GU=_tile_layout(gu_br, h_size // CHUNK), L_D=_tile_layout(d_rows, d_c),
         L_Q=_tile_layout(q_br, h_size // CHUNK), F_A=_flat(a_width // CHUNK), F_H=_flat(h_size // CHUNK),
         F_D=_flat(d_c), TRACE=trace is not None,
-        SCHEDULE=SCHEDULE, HAS_ATTN=ap is not None, **attn_consts, num_warps=NUM_WARPS,
-        PDL=pdl.enabled(a.device), **pdl.launch_kwargs(pdl.enabled(a.device)),
+        SCHEDULE=SCHEDULE, num_warps=NUM_WARPS, PDL=overlap, **pdl.launch_kwargs(overlap),
     )  # fmt: skip
-    result = (attn_out, h2) if ap is not None else ((qkv, h2) if has_next else (y, h))
+    result = (qkv, h2) if has_next else (y, h)
     return (p.programs,), args, kwargs, result
-
-
-def attention_plan(w: TailWeights, p: TmaPlan, attn: NextAttention) -> decode_tail_attn.AttnPlan | None:
-    """How this tail's programs would run the next layer's attention (kernels.decode_tail_attn), or None."""
-    if w.qkv_next is None:
-        return None
-    return decode_tail_attn.plan(attn, p.programs, w.qkv_next.shape[0])
-
-
-def attends(a: torch.Tensor, w: TailWeights, attn: NextAttention) -> bool:
-    """Whether decode_layer_tail(a, ., w, attn=attn) takes the next layer's attention in its launch."""
-    p = _plan_for(w, a.device)
-    return (
-        p is not None
-        and attention_plan(w, p, attn) is not None
-        and decode_tail_attn.fits(attn, a.dtype)
-        and attn.k_cache.device == a.device
-    )
 
 
 def decode_layer_tail(
@@ -578,11 +507,8 @@ def decode_layer_tail(
     residual: torch.Tensor,  # (1, H)
     w: TailWeights,
     trace: torch.Tensor | None = None,  # (>= programs, TRACE_POINTS) int64: this launch's timestamps
-    attn: NextAttention | None = None,  # the next layer's attention, run as a fifth stage (attends)
-) -> tuple[torch.Tensor, torch.Tensor]:  # (qkv of the next layer (1, NQ), its attention output with attn,
-    # or y (1, H); the new residual)
-    """reference.decode_layer_tail in one launch whose weights arrive by TMA (see the module docstring);
-    with attn, reference.attend_next of its qkv too (kernels.decode_tail_attn)."""
+) -> tuple[torch.Tensor, torch.Tensor]:  # (qkv of the next layer (1, NQ) or y (1, H); the new residual)
+    """reference.decode_layer_tail in one launch whose weights arrive by TMA (see the module docstring)."""
     if not fits(a.shape[0], a.dtype, w, a.device) or residual.dtype != a.dtype:
         raise ValueError("decode_tail_tma: batch 1, 16-bit weights without biases, and shapes that divide")
     from kernels.decode_tail import _cooperative
@@ -596,8 +522,6 @@ def decode_layer_tail(
         and trace.shape[1] == len(POINTS)
     ):
         raise ValueError(f"trace: a contiguous int64 ({p.programs}, {len(POINTS)}) tensor or more rows")
-    if attn is not None and not attends(a, w, attn):
-        raise ValueError("decode_tail_tma: the next layer's attention does not fit this tail (attends)")
-    grid, args, kwargs, result = launch_args(a.contiguous(), residual.contiguous(), w, p, trace, attn)
+    grid, args, kwargs, result = launch_args(a.contiguous(), residual.contiguous(), w, p, trace)
     _tail_tma_kernel[grid](*args, **kwargs, **_cooperative())
     return result

@@ -321,21 +321,15 @@ DECODE_TAIL = True  # the one-launch layer tail at batch 1 on CUDA (kernels.deco
 DECODE_TAIL_TMA = True
 
 
-def _tma_module(x: torch.Tensor):
-    """kernels.decode_tail_tma where its tail is switched on for rows like x (M, .) on Triton, else None."""
+def _tail_tma(x: torch.Tensor, w: ref.TailWeights):
+    """kernels.decode_tail_tma where it takes this batch (Hopper, Gluon, shapes that divide), else None."""
     if not (DECODE_TAIL_TMA and DECODE_TAIL and use_triton(x) and x.dim() == 2):
         return None
     try:
         from kernels import decode_tail_tma
     except ImportError:  # a Triton without Gluon's Hopper TMA
         return None
-    return decode_tail_tma
-
-
-def _tail_tma(x: torch.Tensor, w: ref.TailWeights):
-    """kernels.decode_tail_tma where it takes this batch (Hopper, Gluon, shapes that divide), else None."""
-    tma = _tma_module(x)
-    return tma if tma is not None and tma.fits(x.shape[0], x.dtype, w, x.device) else None
+    return decode_tail_tma if decode_tail_tma.fits(x.shape[0], x.dtype, w, x.device) else None
 
 
 def _tail_fused(x: torch.Tensor, w: ref.TailWeights) -> bool:
@@ -345,40 +339,6 @@ def _tail_fused(x: torch.Tensor, w: ref.TailWeights) -> bool:
     from kernels import decode_tail
 
     return decode_tail.fits(x.shape[0], x.dtype, w, x.device)
-
-
-def tail_may_attend(x: torch.Tensor) -> bool:
-    """Whether a decode layer tail over rows like x (M, .) may also run the next layer's attention (a
-    cheap test before the caller builds that attention's description)."""
-    tma = _tma_module(x) if x.shape[0] == 1 else None
-    return tma is not None and tma.ATTENTION
-
-
-def decode_layer_tail_attend(
-    a: torch.Tensor,  # (1, A): the attention output
-    residual: torch.Tensor,  # (1, H)
-    w: ref.TailWeights,
-    nxt: ref.NextAttention,
-) -> tuple[torch.Tensor, torch.Tensor] | None:  # (the next layer's attention output (1, NH * D), residual)
-    """decode_layer_tail and the next layer's attention (reference.attend_next of its qkv) in one launch,
-    where kernels.decode_tail_tma takes both (kernels.decode_tail_attn); None elsewhere: the caller
-    then runs them apart."""
-    tma = _tail_tma(a, w) if residual.dtype == a.dtype else None
-    if tma is None or not tma.ATTENTION or not tma.attends(a, w, nxt):
-        return None
-    return tma.decode_layer_tail(a, residual, w, attn=nxt)
-
-
-def attend_next(qkv: torch.Tensor, n: ref.NextAttention) -> torch.Tensor:  # (1, NQ) -> (1, NH * D)
-    """reference.attend_next with this module's ops: the next layer's attention from its qkv row, as
-    the engine runs it when the tail does not (on CUDA one fused decode launch)."""
-    h, hk, d = n.num_heads, n.num_kv_heads, n.head_dim
-    q, k, v = qkv.split([h * d, hk * d, hk * d], dim=-1)
-    o = qk_norm_rope_decode_attention(
-        q.reshape(-1, h, d), k.reshape(-1, hk, d), v.reshape(-1, hk, d), n.q_norm, n.k_norm, n.eps,
-        n.positions, n.cos_sin, n.k_cache, n.v_cache, n.slot_mapping, n.block_tables, n.seq_lens, n.scale,
-    )  # fmt: skip
-    return o.reshape(qkv.shape[0], h * d)
 
 
 def decode_layer_tail(

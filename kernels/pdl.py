@@ -8,10 +8,10 @@ are visible. At batch 1 a layer is two launches (the fused decode attention and 
 latency-bound: the next launch's start and its first weight requests overlap the end of the one before
 (the attention's split merge on a few SMs, the tail's last stage).
 
-Rules every user follows: a kernel launched with `launch_kwargs()` waits (`wait` / `gl_wait`) before
-it reads anything an earlier kernel of the step wrote (the Gluon tail: kernels.decode_tail_tma's
-`_gdc`); a kernel may call `release` anywhere, since a
-successor launched without the attribute still starts only once it has finished.
+Rules every user follows: a kernel launched with `launch_kwargs(True)` waits (`wait`; in the Gluon
+tail, kernels.decode_tail_tma's `_gdc`) before it reads anything an earlier kernel of the step wrote; a
+kernel may call `release` anywhere, since a successor launched without the attribute still starts only
+once it has finished.
 """
 
 from __future__ import annotations

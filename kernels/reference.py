@@ -260,38 +260,6 @@ class TailWeights(NamedTuple):
     qkv_next_bias: torch.Tensor | None
 
 
-class NextAttention(NamedTuple):
-    """The next layer's decode attention of one sequence (batch 1), for a tail that runs it too: its q/k
-    norm, RoPE, the new K/V's store and the attention over the cache, as attention_block does."""
-
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    q_norm: torch.Tensor | None  # (head_dim,): Qwen3's per-head RMSNorm; None for Llama/Qwen2
-    k_norm: torch.Tensor | None
-    eps: float
-    scale: float
-    positions: torch.Tensor  # (1,) int
-    cos_sin: torch.Tensor  # (max_positions, head_dim) float32
-    k_cache: torch.Tensor  # (num_blocks, block_size, num_kv_heads, head_dim): the next layer's
-    v_cache: torch.Tensor
-    slot_mapping: torch.Tensor  # (1,) int; < 0 = padding
-    block_tables: torch.Tensor  # (1, max_blocks) int32
-    seq_lens: torch.Tensor  # (1,) int32, incl. the new token
-
-
-def attend_next(qkv: torch.Tensor, n: NextAttention) -> torch.Tensor:  # (1, NQ) -> (1, num_heads * head_dim)
-    """The next layer's attention from its qkv row: q/k norm, RoPE, the K/V store, decode attention."""
-    h, hk, d = n.num_heads, n.num_kv_heads, n.head_dim
-    q, k, v = qkv.split([h * d, hk * d, hk * d], dim=-1)
-    q, _ = qk_norm_rope_store_kv(
-        q.reshape(-1, h, d), k.reshape(-1, hk, d), v.reshape(-1, hk, d), n.q_norm, n.k_norm, n.eps,
-        n.positions, n.cos_sin, n.k_cache, n.v_cache, n.slot_mapping,
-    )  # fmt: skip
-    o = decode_attention(q, n.k_cache, n.v_cache, n.block_tables, n.seq_lens, n.scale)
-    return o.reshape(qkv.shape[0], h * d)
-
-
 def decode_layer_tail(
     a: torch.Tensor,  # (M, A): the attention output
     residual: torch.Tensor,  # (M, H)

@@ -28,39 +28,29 @@ def _inputs(dtype, device, copies: int):
     return tail_layers(dtype, device, copies), a, res
 
 
-def timeline(dtype=torch.bfloat16, reps: int = 20, copies: int = 8, tma: bool = False, attention: bool = False
+def timeline(dtype=torch.bfloat16, reps: int = 20, copies: int = 8, tma: bool = False
              ) -> tuple[int, dict[str, list[tuple]]]:  # fmt: skip
     """(programs, {"HBM" | "L2": [(point, earliest, median, latest) in us]}) at the Qwen3-0.6B shapes;
-    tma: kernels.decode_tail_tma's launch (its own points) instead of kernels.decode_tail's; attention:
-    with the next layer's attention over 768 keys as its fifth stage (kernels.decode_tail_attn)."""
-    device = torch.device("cuda")
-    ws, a, res = _inputs(dtype, device, copies)
-    extra = [{} for _ in ws]
+    tma: kernels.decode_tail_tma's launch (its own points) instead of kernels.decode_tail's."""
     if tma:
-        from kernels.decode_tail_tma import POINTS as columns
+        from kernels.decode_tail_tma import POINTS as points
         from kernels.decode_tail_tma import decode_layer_tail
-
-        points = columns  # without the attention stage, its points are left out of the report
-        if attention:
-            from kernels.bench import next_attentions
-
-            extra = [{"attn": n} for n in next_attentions(copies, 768, dtype, device)]
-        else:
-            points = columns[: columns.index("4 end") + 1]
     else:
         from kernels.decode_tail import TRACE_POINTS, decode_layer_tail
 
-        points = columns = POINTS
+        points = POINTS
         assert len(POINTS) == TRACE_POINTS.value
-    trace = torch.zeros((4096, len(columns)), dtype=torch.int64, device=device)
+    device = torch.device("cuda")
+    ws, a, res = _inputs(dtype, device, copies)
+    trace = torch.zeros((4096, len(points)), dtype=torch.int64, device=device)
     out = {}
     for where, traced in (("HBM", 0), ("L2", copies - 1)):
         per_rep = []
         for _ in range(reps + 1):  # the first compiles
-            for w, kw in zip(ws, extra, strict=True):
-                decode_layer_tail(a, res, w, **kw)
+            for w in ws:
+                decode_layer_tail(a, res, w)
             trace.zero_()
-            decode_layer_tail(a, res, ws[traced], trace=trace, **extra[traced])
+            decode_layer_tail(a, res, ws[traced], trace=trace)
             torch.cuda.synchronize()
             t = trace[trace[:, 0] > 0]
             per_rep.append(((t - t[:, 0].min()).double() / 1e3).cpu())
@@ -80,8 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
                         help="flip a switch first, e.g. kernels.decode_tail.COOPERATIVE=False")  # fmt: skip
     parser.add_argument("--tma", action="store_true", help="trace kernels.decode_tail_tma instead")
-    parser.add_argument("--attention", action="store_true",
-                        help="--tma with the next layer's attention as its fifth stage")  # fmt: skip
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device")
@@ -93,9 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if switches:
         print("switches: " + ", ".join(f"{k}={v}" for k, v in switches.items()))
-    if args.attention and not args.tma:
-        parser.error("--attention traces the TMA tail's fifth stage: add --tma")
-    programs, cases = timeline(reps=args.reps, tma=args.tma, attention=args.attention)
+    programs, cases = timeline(reps=args.reps, tma=args.tma)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"# {programs} programs on {sms} SMs (the stamps' CTA barriers cost registers: maybe fewer per SM)")
     for where, rows in cases.items():

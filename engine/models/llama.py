@@ -79,18 +79,6 @@ class Attention(nn.Module):
             self.sliding_window,
         )  # fmt: skip
 
-    def as_next(self, positions, cos_sin, kv_cache, meta: AttentionMetadata) -> ref.NextAttention | None:
-        """This attention for the previous layer's tail to run (ops.decode_layer_tail_attend): a decode
-        step of one sequence without a sliding window; None otherwise."""
-        if self.sliding_window is not None or meta.prefill_block_tables is not None or meta.num_decodes != 1:
-            return None
-        q_norm, k_norm = (self.q_norm, self.k_norm) if self.qk_norm else (None, None)
-        return ref.NextAttention(
-            self.num_heads, self.num_kv_heads, self.head_dim, q_norm.weight if q_norm else None,
-            k_norm.weight if k_norm else None, q_norm.eps if q_norm else 0.0, self.scale, positions, cos_sin,
-            kv_cache[0], kv_cache[1], meta.slot_mapping, meta.decode_block_tables, meta.decode_seq_lens,
-        )  # fmt: skip
-
 
 def _layer_sliding_window(config, layer_idx: int) -> int | None:
     window = getattr(config, "sliding_window", None)
@@ -146,24 +134,14 @@ class DecoderLayer(nn.Module):
             qkv.weight if qkv is not None else None, qkv.bias if qkv is not None else None,
         )  # fmt: skip
 
-    def forward(self, qkv, residual, positions, cos_sin, kv_cache, meta, tail: ref.TailWeights, attended=None,
-                nxt: ref.NextAttention | None = None):  # fmt: skip
+    def forward(self, qkv, residual, positions, cos_sin, kv_cache, meta, tail: ref.TailWeights):
         """qkv: (num_tokens, q_size + 2 * kv_size), this layer's projected input; residual: the stream so
-        far; tail: tail_weights(the next layer); attended: this layer's attention output where the
-        previous layer's tail ran it (qkv is then not read); nxt: the next layer's attention, for this
-        tail to run too where it can. Returns (the next layer's qkv, residual, None), (None, residual,
-        the next layer's attention output) or (the MLP output, residual, None) for the last layer. Each
-        (residual add +) RMSNorm runs inside the projection that reads it, and at decode batch 1 the
-        whole tail from o_proj to the next layer's qkv (and its attention) is one launch."""
-        a = attended
-        if a is None:
-            a = self.self_attn.attend(qkv, positions, cos_sin, kv_cache, meta)  # (num_tokens, q_size)
-        if nxt is not None:
-            both = ops.decode_layer_tail_attend(a, residual, tail, nxt)
-            if both is not None:
-                return None, both[1], both[0]
-        x, residual = ops.decode_layer_tail(a, residual, tail)
-        return x, residual, None
+        far; tail: tail_weights(the next layer). Returns (the next layer's qkv, residual), or (the MLP
+        output, residual) for the last layer. Each (residual add +) RMSNorm runs inside the projection
+        that reads it, and at decode batch 1 the whole tail from o_proj to the next layer's qkv is one
+        launch (ops.decode_layer_tail)."""
+        a = self.self_attn.attend(qkv, positions, cos_sin, kv_cache, meta)  # (num_tokens, q_size)
+        return ops.decode_layer_tail(a, residual, tail)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -189,14 +167,8 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:  # (num_tokens, hidden)
         x = self.embed_tokens(input_ids)
         x, residual = self.layers[0].qkv(x, None)
-        attended = None
-        may_attend = ops.tail_may_attend(x)  # the same for every layer of the step
-        last = len(self.layers) - 1
-        for i, (layer, kv, tail) in enumerate(zip(self.layers, kv_caches, self._tails(), strict=True)):
-            nxt = None
-            if may_attend and i < last:
-                nxt = self.layers[i + 1].self_attn.as_next(positions, self.cos_sin, kv_caches[i + 1], meta)
-            x, residual, attended = layer(x, residual, positions, self.cos_sin, kv, meta, tail, attended, nxt)
+        for layer, kv, tail in zip(self.layers, kv_caches, self._tails(), strict=True):
+            x, residual = layer(x, residual, positions, self.cos_sin, kv, meta, tail)
         x, _ = self.norm.forward_add(x, residual)
         return x
 
