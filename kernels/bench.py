@@ -519,6 +519,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep-gemv", default="",
                         help="instead: sweep kernels.gemv configs vs cuBLAS at these M (comma list), "
                         "and time the fused sampling")  # fmt: skip
+    parser.add_argument("--sweep-lm-head", action="store_true",
+                        help="instead: time the lm_head + sampling at M = 1, 2, 4 (F.linear then "
+                        "sample_tokens) against kernels.lm_head_sample's one launch over block "
+                        "configs")  # fmt: skip
     args = parser.parse_args(argv)
 
     only = {k.strip() for k in args.only.split(",") if k.strip()}
@@ -553,6 +557,9 @@ def main(argv: list[str] | None = None) -> int:
         if device.type != "cuda":
             parser.error("--sweep-tail needs a CUDA device")
         sweep_tail(DTYPES[args.dtype], device)
+        return 0
+    if args.sweep_lm_head:
+        sweep_lm_head(DTYPES[args.dtype], device, timer, args.tiny)
         return 0
     if args.sweep_gemv:
         if device.type != "cuda":
@@ -822,6 +829,69 @@ def sweep_sampling(device, reps: int = 20) -> None:
         t_torch = _streamed(lambda i, lg=logits, t=temps: ref.sample_tokens(lg, t), 8, reps)
         print(f"sample B={b:<4} fused {t_fused * 1e6:7.2f} us  torch {t_torch * 1e6:7.2f} us  "
               f"({b * VOCAB * 4 / t_fused / 1e9:.0f} GB/s)")  # fmt: skip
+
+
+def _lm_head_configs(m: int, sms: int, tiny: bool) -> list[dict]:
+    """(BLOCK_N, BLOCK_K, warps) x programs per SM; the (M, BLOCK_N, BLOCK_K) fp32 accumulator <= 64
+    registers a thread."""
+    if tiny:
+        return [dict(block_n=16, block_k=32, num_warps=4, num_programs=p) for p in (1, 4)]
+    tiles = [(8, 256, 4), (8, 512, 4), (16, 128, 4), (16, 256, 4), (32, 128, 4), (32, 128, 8), (32, 256, 8),
+             (64, 64, 4), (64, 128, 8), (16, 512, 8), (8, 128, 4), (16, 64, 4)]  # fmt: skip
+    whole = [(4, 1024, 2), (4, 1024, 4), (8, 1024, 4), (8, 1024, 8), (16, 1024, 8)]  # next block asked ahead
+    return [dict(block_n=bn, block_k=bk, num_warps=w, num_programs=pps * sms)
+            for bn, bk, w in whole + tiles if m * bn * bk <= 2048 * w
+            for pps in (2, 4, 8) if pps * sms * bn <= VOCAB]  # fmt: skip
+
+
+def sweep_lm_head(dtype, device, timer: Timer, tiny: bool, reps: int = 10) -> None:
+    """The end of a decode step: logits = F.linear(x, W) (cuBLAS) then kernels.sampling.sample_tokens,
+    against kernels.lm_head_sample (both in one launch) over block configs, at the Qwen3-0.6B vocabulary
+    (W is 311 MB in bf16, several times the L2: every call streams it from HBM); CUDA-graph replay of 4
+    calls, the seed read from the device as the engine's graphs do; TB/s of W bytes. Each config is
+    checked: its tokens equal sample_tokens on the logits it writes (`ok`), logits err vs F.linear."""
+    from kernels.lm_head_sample import choose_config, lm_head_sample
+    from kernels.paged_attention import _sm_count
+    from kernels.sampling import sample_tokens
+
+    n, k = (200, 32) if tiny else (VOCAB, HIDDEN)
+    w = _randn(n, k, dtype=dtype, device=device) * k**-0.5 * 3
+    tb = w.numel() * w.element_size() / 1e12
+    timed = timer.eager if device.type != "cuda" else lambda fn: _streamed(lambda i: fn(), 4, reps)
+    sms = _sm_count(device) if device.type == "cuda" else 1
+    us = lambda t: f"{t * 1e6:8.2f} us ({tb / t:.2f} TB/s)"
+    how = "graph replay" if device.type == "cuda" else "eager, interpreted"
+    print(f"# lm_head + sampling, W {n}x{k} {dtype}: us per call ({how}), TB/s of W bytes; "
+          f"configs (block_n, block_k, num_warps, num_stages, num_programs) on {sms} SMs")  # fmt: skip
+    for m in (1, 2) if tiny else (1, 2, 4):
+        x, seed = _randn(m, k, dtype=dtype, device=device), torch.tensor([1234], device=device)
+        temps = torch.full((m,), 0.7, device=device)
+        logits = torch.empty(m, n, dtype=dtype, device=device)
+        want = torch.nn.functional.linear(x, w)
+        t_linear = timed(lambda x=x: torch.nn.functional.linear(x, w))
+        t_two = timed(lambda x=x, t=temps, s=seed: sample_tokens(torch.nn.functional.linear(x, w), t, s))
+        print(f"lm_head M={m}: F.linear {us(t_linear)}, F.linear + sample_tokens {us(t_two)}")
+        results = []
+        for cfg in [{}, *_lm_head_configs(m, sms, tiny)]:
+            run = lambda x=x, t=temps, s=seed, cfg=cfg, **kw: lm_head_sample(x, w, t, s, **cfg, **kw)
+            try:
+                got = run(logits_out=logits)
+                ok = torch.equal(got, sample_tokens(logits, temps, seed))
+                err = _err(logits, want) / want.abs().max().item()
+                t = timed(run)
+            except Exception as exc:  # a config the chip cannot hold
+                print(f"    {cfg}: {type(exc).__name__}: {str(exc)[:100]}")
+                continue
+            named = tuple(choose_config(m, n, k, device, **cfg))
+            results.append((t, named, ok, err))
+            print(f"    {'default ' if not cfg else ''}{named}: {us(t)} {'ok' if ok else 'MISMATCH'} "
+                  f"rel_err {err:.1e}")  # fmt: skip
+        keep = lambda x=x, t=temps, s=seed, lg=logits: lm_head_sample(x, w, t, s, logits_out=lg)
+        print(f"    default with logits_out: {us(timed(keep))}")
+        if results:
+            best = min(results)
+            print(f"lm_head M={m}: best fused {us(best[0])} {best[1]} {'ok' if best[2] else 'MISMATCH'} vs "
+                  f"F.linear + sample_tokens {us(t_two)}")  # fmt: skip
 
 
 def _gemv_sample_cases(dtype, device, tiny: bool, only: set[str]) -> list[Case]:

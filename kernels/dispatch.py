@@ -372,17 +372,78 @@ def sample_tokens(
     generator: torch.Generator | None = None,
     mask: torch.Tensor | None = None,  # (table rows, words) int32 grammar bitmasks
     mask_rows: torch.Tensor | None = None,  # (batch,) int32: each row's bitmask in `mask`, -1 = none
-) -> torch.Tensor:  # (batch,) int64
+    out: torch.Tensor | None = None,  # (batch,) int64 that receives the tokens
+) -> torch.Tensor:  # (batch,) int64 (out when given)
     """Temperature sampling (softmax + exponential race), greedy where T == 0, of the logits with
     each row's bitmask applied (the logits are left as they are). On CUDA one fused pass keyed by
     `seed`; the reference draws its noise from `generator`. Same law, different random streams."""
     if use_triton(logits) and logits.dim() == 2 and logits.stride(-1) == 1:
         from kernels.sampling import sample_tokens as triton_sample
 
-        return triton_sample(logits, temperatures, seed, mask=mask, mask_rows=mask_rows)
+        return triton_sample(logits, temperatures, seed, mask=mask, mask_rows=mask_rows, out=out)
     if mask is not None:
         logits = masked_by_rows(logits, mask, mask_rows)
-    return ref.sample_tokens(logits, temperatures, generator)
+    tokens = ref.sample_tokens(logits, temperatures, generator)
+    return tokens if out is None else out.copy_(tokens)
+
+
+# The end of a batch-1 step graph (final norm, lm_head, draw) in one launch, kernels.lm_head_sample.
+# H200 W3, one machine session: 1,255 tok/s, as with the lm_head GEMM and the sampler (1,255); with the
+# launch's programmatic dependent launch on (LM_HEAD_PDL), 1,232.
+LM_HEAD_SAMPLE = True
+LM_HEAD_PDL = False
+
+
+def lm_head_sample_fits(x: torch.Tensor) -> bool:
+    """Whether lm_head_sample runs as one Triton launch for hidden states x (batch 1, 16-bit, CUDA)."""
+    return (
+        LM_HEAD_SAMPLE
+        and use_triton(x)
+        and x.dim() == 2
+        and x.shape[0] == 1
+        and x.dtype in (torch.float16, torch.bfloat16)
+    )
+
+
+def lm_head_sample(
+    x: torch.Tensor,  # (M, hidden): the last layer's output
+    residual: torch.Tensor,  # (M, hidden): its residual stream
+    norm_weight: torch.Tensor,  # (hidden,): the final RMSNorm
+    eps: float,
+    weight: torch.Tensor,  # (vocab, hidden)
+    temperatures: torch.Tensor,  # (M,) float32; 0 = greedy
+    seed: torch.Tensor,  # (1,) int64 on the device, read at run time
+    out: torch.Tensor,  # (M,) int64 that receives the tokens
+) -> torch.Tensor:
+    """sample_tokens(linear(rms_norm(x + residual), weight), temperatures, seed): the end of a decode
+    step, one launch where lm_head_sample_fits (the norm, the lm_head and the draw; at batch 1 launched
+    with programmatic dependent launch, so its first weights stream while the last layer ends)."""
+    if lm_head_sample_fits(x):
+        from kernels.lm_head_sample import lm_head_sample as triton_lm_head_sample
+
+        norm = (norm_weight, eps)
+        return triton_lm_head_sample(
+            x, weight, temperatures, seed, out, pdl=LM_HEAD_PDL, residual=residual, norm=norm
+        )
+    hidden, _ = fused_add_rms_norm(x, residual, norm_weight, eps)
+    return sample_tokens(linear(hidden, weight), temperatures, seed, out=out)
+
+
+def decode_step_inputs(
+    head: torch.Tensor,  # (5n + 4,) int64: [ids | positions | slots | k, rows, width, 0 | at (k) | src (k)]
+    packed: torch.Tensor,  # (n + rows * width,) int32: [lengths | the rows' block tables]
+    table: torch.Tensor,  # (n, max_blocks) int32
+    tokens: torch.Tensor,  # (n,) int64: the previous step's sampled ids
+    size: int,  # the captured batch
+) -> None:
+    """The first launch of a captured decode step (kernels.step_inputs): the in-flight tokens into the
+    ids, the packed block-table rows into the graph's table."""
+    if use_triton(head):
+        from kernels.step_inputs import decode_step_inputs as triton_inputs
+
+        triton_inputs(head, packed, table, tokens, size)
+    else:
+        ref.decode_step_inputs(head, packed, table, tokens, size)
 
 
 def masked_by_rows(logits: torch.Tensor, mask: torch.Tensor, mask_rows: torch.Tensor) -> torch.Tensor:

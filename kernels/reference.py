@@ -275,6 +275,22 @@ def decode_layer_tail(
     return add_rms_norm_linear(y, residual, w.norm1_next, w.eps1_next, w.qkv_next, w.qkv_next_bias)
 
 
+def decode_step_inputs(
+    head: torch.Tensor,  # (5n + 4,) int64: [ids | positions | slots | k, rows, width, 0 | at (k) | src (k)]
+    packed: torch.Tensor,  # (n + rows * width,) int32: [lengths | the rows' block tables]
+    table: torch.Tensor,  # (n, max_blocks) int32
+    tokens: torch.Tensor,  # (n,) int64: the previous step's sampled ids
+    size: int,  # the captured batch (rows <= size)
+) -> None:
+    """A decode graph's inputs finished on the device: the in-flight tokens written into the ids, the
+    block-table rows copied into the graph's table."""
+    n = table.shape[0]
+    k, rows, width = (int(v) for v in head[3 * n : 3 * n + 3])
+    pairs = head[3 * n + 4 : 3 * n + 4 + 2 * k].clone()
+    head[pairs[:k]] = tokens[pairs[k:]]
+    table[:rows, :width] = packed[n : n + rows * width].view(rows, width)
+
+
 def sample_tokens(
     logits: torch.Tensor,  # (batch, vocab)
     temperatures: torch.Tensor,  # (batch,) float32; 0 = greedy

@@ -129,7 +129,8 @@ def sample_tokens(
     num_chunks: int | None = None,
     mask: torch.Tensor | None = None,  # (table rows, >= ceil(vocab / 32)) int32 bitmasks
     mask_rows: torch.Tensor | None = None,  # (batch,) int32: row of `mask` per logits row, -1 = none
-) -> torch.Tensor:  # (batch,) int64
+    out: torch.Tensor | None = None,  # (batch,) int64 to write the tokens into (a graph's static buffer)
+) -> torch.Tensor:  # (batch,) int64: out, or a new tensor
     if logits.dim() != 2 or logits.stride(-1) != 1:
         raise ValueError(f"logits must be (batch, vocab), last dim contiguous, got {tuple(logits.shape)}")
     batch, vocab = logits.shape
@@ -142,7 +143,10 @@ def sample_tokens(
             raise ValueError(f"mask must be (rows, >= {(vocab + 31) // 32}) int32, got {tuple(mask.shape)}")
         if mask_rows.shape != (batch,) or mask_rows.dtype != torch.int32:
             raise ValueError("mask_rows must be (batch,) int32")
-    out = torch.empty((batch,), dtype=torch.int64, device=logits.device)
+    if out is None:
+        out = torch.empty((batch,), dtype=torch.int64, device=logits.device)
+    elif out.shape != (batch,) or out.dtype != torch.int64 or not out.is_contiguous():
+        raise ValueError(f"out must be ({batch},) int64, contiguous")
     if batch == 0:
         return out
     interp = is_interpreting(logits)

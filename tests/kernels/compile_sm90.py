@@ -104,6 +104,18 @@ def _launches(dtype: torch.dtype):
             sample_tokens(lg, torch.zeros(4), 7, mask=mask, mask_rows=torch.zeros(4, dtype=torch.int32))
             seed = torch.tensor([7])  # the sampler graphs' variant: the seed read on the device
             sample_tokens(lg, torch.zeros(4), seed, mask=mask, mask_rows=torch.zeros(4, dtype=torch.int32))
+            from kernels.lm_head_sample import lm_head_sample
+
+            hidden, head = torch.randn(1, 1024).to(dtype), torch.randn(4096, 1024).to(dtype)
+            lm_head_sample(hidden, head, torch.zeros(1), torch.tensor([7]))
+            # a step graph's end at batch 1: the final norm fused, launched with PDL
+            seed = torch.tensor([7])
+            lm_head_sample(hidden, head, torch.zeros(1), seed, pdl=True, residual=hidden, norm=(w, 1e-6))
+            from kernels.step_inputs import decode_step_inputs
+
+            table, tokens = torch.zeros((8, 256), dtype=torch.int32), torch.zeros(8, dtype=torch.int64)
+            packed = torch.zeros(8 + 8 * 256, dtype=torch.int32)
+            decode_step_inputs(torch.zeros(44, dtype=torch.int64), packed, table, tokens, 4)
     return launches
 
 

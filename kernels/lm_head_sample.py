@@ -1,0 +1,337 @@
+"""The lm_head and the token draw in one launch for decode-sized batches (M <= 4, tuned for M == 1).
+
+At batch 1 a decode step ends with logits = x @ W^T over the whole vocabulary (a 311 MB weight stream
+in bf16) and then kernels.sampling.sample_tokens over those logits. Here the programs stream W in
+blocks of BLOCK_N rows (all of K, fp32 accumulation), round each block's logits to x's dtype exactly as
+the lm_head output is rounded, optionally store them, and score them as sampling._sample_chunk_kernel
+does: the same Philox counters (row, column // 4) and the same score, logit / T - log(-log U) (the
+plain logit when T == 0), strict `>` so ties keep the lowest index. The tokens therefore equal
+sample_tokens(logits, temperatures, seed) on the logits this kernel writes.
+
+Program p takes the blocks p, p + P, p + 2P, ... (P = num_programs, a few per SM: every program stays
+resident and the partial bests stay few) and writes its best (score, index) per row; the program that
+arrives last (an arrival counter, left zeroed) reduces the P partials of every row to the token. No
+grammar masks: rows with a mask take the lm_head and sample_tokens separately.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import pdl as pdl_mod
+from kernels._jit import arrival_counters, interpret_forced, kernel, next_pow2, recording
+from kernels.paged_attention import _sm_count
+from kernels.sampling import _uniforms, sample_tokens
+
+MAX_M = 4
+MAX_PROGRAMS = 4096  # the last program reduces all partials of a row in one (BLOCK_M, BLOCK_P) load
+
+
+class LmHeadConfig(NamedTuple):
+    block_n: int  # rows of W per block: a power of two >= 4 (Philox draws come in fours)
+    block_k: int  # columns of W per step
+    num_warps: int
+    num_stages: int
+    num_programs: int  # P; <= the number of blocks and <= MAX_PROGRAMS
+
+
+@triton.jit
+def _fold_block(lg, off, N, logits_ptr, stride_l, rm, mask_m, key, quads, sampled, t, best_val, best_idx,
+                HAS_LOGITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """A block's logits (BLOCK_M, BLOCK_N), columns off.., stored if asked and folded into the lanes'
+    bests with sampling's draw for (row, column)."""
+    rn = off + tl.arange(0, BLOCK_N)
+    mask_n = rn < N
+    if HAS_LOGITS:
+        tl.store(
+            logits_ptr + rm[:, None] * stride_l + rn[None, :], lg, mask=mask_m[:, None] & mask_n[None, :]
+        )
+    lg = tl.where(mask_n[None, :], lg.to(tl.float32), float("-inf"))
+    u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # U[0, 1), one per (row, column)
+    for r in tl.static_range(BLOCK_M):
+        u = tl.where(rm[:, None] == r, _uniforms(key, r * quads + off // 4, BLOCK_N)[None, :], u)
+    e = -tl.log(u)  # Exp(1); u == 0 gives +inf: that token cannot win
+    score = tl.where(sampled[:, None], lg / t[:, None] - tl.log(e), lg)
+    better = score > best_val  # strict: a lane keeps its earliest (lowest) index on ties
+    return tl.where(better, score, best_val), tl.where(better, rn[None, :], best_idx)
+
+
+# the seed changes every step: not specialized, as in kernels.sampling
+@kernel(do_not_specialize=["seed"])
+def _lm_head_sample_kernel(
+    x_ptr,  # (M, K), row stride stride_x
+    w_ptr,  # (N, K), row stride stride_w
+    temp_ptr,  # (M,) float32; 0 = greedy
+    logits_ptr,  # (M, N) in x's dtype, row stride stride_l; unused unless HAS_LOGITS
+    best_val_ptr,  # (M, num_programs) float32
+    best_idx_ptr,  # (M, num_programs) int32
+    counter_ptr,  # (1,) int32 zero, left zeroed
+    out_ptr,  # (M,) int64 sampled ids
+    seed,  # int, or with SEED_PTR a pointer to the (1,) int64 seed on the device
+    r_ptr,  # (M, K) residual, row stride stride_r; unused unless NORM
+    nw_ptr,  # (K,) RMSNorm weight; unused unless NORM
+    eps,
+    stride_r,
+    M,
+    N,
+    K,
+    stride_x,
+    stride_w,
+    stride_l,
+    num_blocks,  # cdiv(N, BLOCK_N)
+    num_programs,
+    HAS_LOGITS: tl.constexpr,
+    SEED_PTR: tl.constexpr,
+    EVEN: tl.constexpr,  # N % BLOCK_N == 0 and K % BLOCK_K == 0: no masks on W
+    PDL: tl.constexpr,
+    WHOLE_K: tl.constexpr,  # BLOCK_K >= K: one step a block, the next block's W asked ahead
+    NORM: tl.constexpr,  # (WHOLE_K only) the lm_head reads rms_norm(x + residual)
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_P: tl.constexpr,  # >= num_programs
+):
+    pdl_mod.release(PDL)
+    pid = tl.program_id(0)
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    mask_m = rm < M
+    quads = (N + 3) // 4  # Philox counters per row: row r, column c draws from counter r * quads + c // 4
+    if WHOLE_K:  # the first block's weights: they depend on no kernel before
+        rows = tl.arange(0, BLOCK_N)
+        inside_k = rk < K
+        rn = pid * BLOCK_N + rows
+        w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * stride_w + rk[None, :]
+        w_next = tl.load(w_ptrs, mask=(rn < N)[:, None] & inside_k[None, :], other=0.0)
+    pdl_mod.wait(PDL)  # x, the temperatures and the seed may come from the kernels before
+    if SEED_PTR:
+        key = tl.load(seed).to(tl.int32)
+    else:
+        key = seed
+    t = tl.load(temp_ptr + rm, mask=mask_m, other=0.0)  # (BLOCK_M,)
+    sampled = t > 0.0
+    t = tl.where(sampled, t, 1.0)
+    best_val = tl.full((BLOCK_M, BLOCK_N), float("-inf"), dtype=tl.float32)
+    best_idx = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    if WHOLE_K:
+        # x read once; each block's W (BLOCK_N x K) is asked for one block ahead, so that a program
+        # keeps a whole block of loads in flight while it multiplies and scores the one before
+        x_at = rm[:, None] * stride_x + rk[None, :]
+        x_in = mask_m[:, None] & inside_k[None, :]
+        x = tl.load(x_ptr + x_at, mask=x_in, other=0.0)  # (BLOCK_M, BLOCK_K)
+        if NORM:  # x = rms_norm(x + residual), rounded as reference.fused_add_rms_norm rounds
+            r = tl.load(r_ptr + rm[:, None] * stride_r + rk[None, :], mask=x_in, other=0.0)
+            h = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty).to(tl.float32)
+            rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=1) / K + eps)  # (BLOCK_M,)
+            h = (h * rstd[:, None]).to(x_ptr.dtype.element_ty)
+            nw = tl.load(nw_ptr + rk, mask=inside_k, other=0.0)
+            x = (nw.to(tl.float32)[None, :] * h.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        xf = x.to(tl.float32)
+        for blk in range(pid, num_blocks, num_programs):
+            w = w_next
+            rn = (blk + num_programs) * BLOCK_N + rows
+            w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * stride_w + rk[None, :]
+            w_next = tl.load(w_ptrs, mask=(rn < N)[:, None] & inside_k[None, :], other=0.0)
+            lg = tl.sum(xf[:, None, :] * w.to(tl.float32)[None, :, :], axis=2).to(x_ptr.dtype.element_ty)
+            best_val, best_idx = _fold_block(
+                lg,
+                blk * BLOCK_N,
+                N,
+                logits_ptr,
+                stride_l,
+                rm,
+                mask_m,
+                key,
+                quads,
+                sampled,
+                t,
+                best_val,
+                best_idx,
+                HAS_LOGITS,
+                BLOCK_M,
+                BLOCK_N,
+            )
+    else:
+        for blk in range(pid, num_blocks, num_programs):
+            off = blk * BLOCK_N
+            rn = off + tl.arange(0, BLOCK_N)
+            mask_n = rn < N
+            w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * stride_w + rk[None, :]  # (BLOCK_N, BLOCK_K)
+            x_ptrs = x_ptr + rm[:, None] * stride_x + rk[None, :]  # (BLOCK_M, BLOCK_K)
+            acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                if EVEN:
+                    w = tl.load(w_ptrs)
+                    x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
+                else:
+                    mask_k = (k0 + rk) < K
+                    w = tl.load(w_ptrs, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+                    x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+                acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+                w_ptrs += BLOCK_K
+                x_ptrs += BLOCK_K
+            lg = tl.sum(acc, axis=2).to(
+                x_ptr.dtype.element_ty
+            )  # (BLOCK_M, BLOCK_N), rounded as the lm_head's
+            best_val, best_idx = _fold_block(
+                lg,
+                off,
+                N,
+                logits_ptr,
+                stride_l,
+                rm,
+                mask_m,
+                key,
+                quads,
+                sampled,
+                t,
+                best_val,
+                best_idx,
+                HAS_LOGITS,
+                BLOCK_M,
+                BLOCK_N,
+            )
+    top = tl.max(best_val, axis=1)  # (BLOCK_M,)
+    idx = tl.min(tl.where(best_val == top[:, None], best_idx, 2147483647), axis=1)
+    idx = tl.where(top == float("-inf"), pid * BLOCK_N, idx)  # all -inf: the first index, as argmax
+    tl.store(best_val_ptr + rm * num_programs + pid, top, mask=mask_m)
+    tl.store(best_idx_ptr + rm * num_programs + pid, idx, mask=mask_m)
+    # release this program's bests; the last program to arrive reduces them all
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    if arrived == num_programs - 1:
+        tl.store(counter_ptr, 0)  # zeroed for the next launch
+        rp = tl.arange(0, BLOCK_P)
+        at = rm[:, None] * num_programs + rp[None, :]  # (BLOCK_M, BLOCK_P)
+        inside = mask_m[:, None] & (rp < num_programs)[None, :]
+        vals = tl.load(best_val_ptr + at, mask=inside, other=float("-inf"), cache_modifier=".cg")
+        idxs = tl.load(best_idx_ptr + at, mask=inside, other=2147483647, cache_modifier=".cg")
+        best = tl.max(vals, axis=1)
+        token = tl.min(tl.where(vals == best[:, None], idxs, 2147483647), axis=1)  # ties: the lowest index
+        tl.store(out_ptr + rm, token.to(tl.int64), mask=mask_m)
+
+
+def choose_config(
+    m: int, n: int, k: int, device: torch.device, block_n=None, block_k=None, num_warps=None,
+    num_stages=None, num_programs=None,
+) -> LmHeadConfig:  # fmt: skip
+    """The given values, the rest by default. Interpreter: small tiles and few programs. GPU (H200, bf16,
+    the Qwen3-0.6B lm_head, `python -m kernels.bench --sweep-lm-head`): at M = 1 blocks of 4 whole rows
+    over 2 warps, 8 programs an SM, each asking for its next block before it scores the current one:
+    75.5 us (4.12 TB/s) against 83.3 for F.linear + sample_tokens (the K-stepped tiles: 85 at best). At
+    M = 2 16 x 256 over 4 warps and at M = 3, 4 16 x 128, 4 programs an SM (slower than cuBLAS + the
+    sampler: 105 and 183 us against 85 and 87; not used by the engine)."""
+    interp = not recording() and (device.type == "cpu" or interpret_forced())
+    gpu_default = (16, 256, 4) if m == 2 else (16, 128, 4)
+    per_sm = 4
+    if m == 1 and k <= 2048:  # whole rows, the next block asked ahead (WHOLE_K)
+        gpu_default, per_sm = (4, next_pow2(k), 2), 8
+    pick = lambda given, default: default if given is None else given
+    block_n = pick(block_n, 16 if interp else gpu_default[0])
+    block_k = pick(block_k, min(64, next_pow2(k)) if interp else gpu_default[1])
+    num_warps = pick(num_warps, 4 if interp else gpu_default[2])
+    if block_n < 4 or block_n & (block_n - 1):
+        raise ValueError(f"block_n must be a power of two >= 4 (Philox draws come in fours), got {block_n}")
+    if block_k < 1 or block_k & (block_k - 1):
+        raise ValueError(f"block_k must be a power of two, got {block_k}")
+    most = min(triton.cdiv(n, block_n), MAX_PROGRAMS)
+    if num_programs is None:
+        sms = _sm_count(device) if device.type == "cuda" else 132
+        num_programs = min(most, 8 if interp else per_sm * sms)
+    if not 1 <= num_programs <= most:
+        raise ValueError(f"num_programs must be in [1, {most}] for block_n {block_n}, got {num_programs}")
+    return LmHeadConfig(block_n, block_k, num_warps, pick(num_stages, 1), num_programs)
+
+
+def lm_head_sample(
+    x: torch.Tensor,  # (M, K), M <= 4; float32/float16/bfloat16
+    weight: torch.Tensor,  # (N, K) in x's dtype
+    temperatures: torch.Tensor,  # (M,) float32 on x's device; 0 = greedy
+    seed: int | torch.Tensor,  # or a (1,) int64 device tensor holding it (read at run time)
+    out: torch.Tensor | None = None,  # (M,) int64 to write the tokens into (a graph's static buffer)
+    logits_out: torch.Tensor | None = None,  # (M, N) in x's dtype: the logits, as F.linear(x, weight)
+    *,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    num_programs: int | None = None,
+    pdl: bool = False,  # launch with programmatic dependent launch where kernels.pdl is enabled
+    residual: torch.Tensor | None = None,  # (M, K): the lm_head reads rms_norm(x + residual) ...
+    norm: tuple[torch.Tensor, float] | None = None,  # ... with this (K,) weight and eps
+) -> torch.Tensor:  # (M,) int64: out, or a new tensor
+    """sample_tokens(F.linear(x, weight), temperatures, seed) in one launch (CUDA-graph safe); with
+    residual and norm, of F.linear(fused_add_rms_norm(x, residual, *norm)[0], weight) (whole-row
+    blocks only: block_k >= K)."""
+    out = _checked(x, weight, temperatures, seed, out, logits_out)
+    (m, k), n = x.shape, weight.shape[0]
+    cfg = choose_config(m, n, k, x.device, block_n, block_k, num_warps, num_stages, num_programs)
+    has_norm = norm is not None
+    if has_norm != (residual is not None):
+        raise ValueError("residual and norm go together")
+    if has_norm:
+        if cfg.block_k < k:
+            raise ValueError(f"a fused norm needs whole-row blocks: block_k >= {k}, got {cfg.block_k}")
+        if residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(-1) != 1:
+            raise ValueError(f"residual must be {tuple(x.shape)} {x.dtype} with a contiguous last dim")
+        if norm[0].shape != (k,) or norm[0].dtype != x.dtype or not norm[0].is_contiguous():
+            raise ValueError(f"the norm weight must be ({k},) {x.dtype}, contiguous")
+    seed_ptr = isinstance(seed, torch.Tensor)
+    best_val = torch.empty((m, cfg.num_programs), dtype=torch.float32, device=x.device)
+    best_idx = torch.empty((m, cfg.num_programs), dtype=torch.int32, device=x.device)
+    on = pdl and pdl_mod.enabled(x.device)
+    _lm_head_sample_kernel[(cfg.num_programs,)](
+        x, weight, temperatures, logits_out if logits_out is not None else x, best_val, best_idx,
+        arrival_counters("lm_head_sample", 1, x.device), out, seed if seed_ptr else int(seed) & 0x7FFFFFFF,
+        residual if has_norm else x, norm[0] if has_norm else x, norm[1] if has_norm else 0.0,
+        residual.stride(0) if has_norm else 0,
+        m, n, k, x.stride(0), weight.stride(0), logits_out.stride(0) if logits_out is not None else 0,
+        triton.cdiv(n, cfg.block_n), cfg.num_programs, HAS_LOGITS=logits_out is not None, SEED_PTR=seed_ptr,
+        EVEN=n % cfg.block_n == 0 and k % cfg.block_k == 0, PDL=on, WHOLE_K=cfg.block_k >= k, NORM=has_norm,
+        BLOCK_M=next_pow2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_P=next_pow2(cfg.num_programs),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_mod.launch_kwargs(on),
+    )  # fmt: skip
+    return out
+
+
+def _checked(x, weight, temperatures, seed, out, logits_out) -> torch.Tensor:  # (M,) int64: out or new
+    if x.dim() != 2 or x.stride(-1) != 1 or not 1 <= x.shape[0] <= MAX_M:
+        raise ValueError(f"x must be (M <= {MAX_M}, K) with a contiguous last dim, got {tuple(x.shape)}")
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"x must be float32, float16 or bfloat16, got {x.dtype}")
+    (m, k), dev = x.shape, x.device
+    if weight.dim() != 2 or weight.shape[0] == 0 or weight.shape[1] != k or weight.stride(-1) != 1:
+        raise ValueError(
+            f"weight must be (N >= 1, {k}) with a contiguous last dim, got {tuple(weight.shape)}"
+        )
+    if weight.dtype != x.dtype or weight.device != dev:
+        raise ValueError(f"weight must be {x.dtype} on {dev}, got {weight.dtype} on {weight.device}")
+    if temperatures.shape != (m,) or temperatures.dtype != torch.float32 or temperatures.device != dev:
+        raise ValueError(f"temperatures must be ({m},) float32 on x's device")
+    if isinstance(seed, torch.Tensor) and (
+        seed.shape != (1,) or seed.dtype != torch.int64 or seed.device != dev
+    ):
+        raise ValueError("a seed tensor must be (1,) int64 on x's device")
+    n = weight.shape[0]
+    if logits_out is not None and (
+        logits_out.shape != (m, n) or logits_out.dtype != x.dtype or logits_out.stride(-1) != 1
+        or logits_out.device != dev
+    ):  # fmt: skip
+        raise ValueError(f"logits_out must be ({m}, {n}) {x.dtype} with a contiguous last dim on x's device")
+    if out is None:
+        return torch.empty((m,), dtype=torch.int64, device=dev)
+    if out.shape != (m,) or out.dtype != torch.int64 or not out.is_contiguous() or out.device != dev:
+        raise ValueError(f"out must be ({m},) int64, contiguous, on x's device")
+    return out
+
+
+def lm_head_sample_reference(
+    x: torch.Tensor, weight: torch.Tensor, temperatures: torch.Tensor, seed: int | torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:  # (M,) int64 tokens, (M, N) logits in x's dtype
+    """The two steps this kernel fuses: fp32 logits rounded to x's dtype, then kernels.sampling's draw."""
+    logits = (x.float() @ weight.float().T).to(x.dtype)
+    return sample_tokens(logits, temperatures, seed), logits

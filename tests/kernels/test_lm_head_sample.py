@@ -1,0 +1,182 @@
+"""kernels.lm_head_sample: the fused lm_head + draw gives sample_tokens' token on the logits it writes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import _jit
+from kernels import reference as ref
+from kernels.lm_head_sample import lm_head_sample, lm_head_sample_reference
+from kernels.sampling import sample_tokens
+from tests.kernels.paged import gpu
+
+TEMPS = {1: [0.7], 2: [0.0, 1.3], 3: [1.3, 0.0, 0.7]}  # greedy and sampled rows
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3}  # rtol: an ulp either way of the rounding
+
+
+def _inputs(m: int, n: int, k: int, dtype, seed: int = 0, device: str = "cpu"):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(dtype).to(device)
+    w = (torch.randn(n, k, generator=g) * k**-0.5 * 3).to(dtype).to(device)  # logits ~ N(0, 9)
+    return x, w
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("m", [1, 2, 3])
+def test_tokens_equal_sample_tokens_on_the_logits(dtype, m):
+    n, k = 1003, 96  # N not a multiple of BLOCK_N, K not of BLOCK_K: the masked path
+    x, w = _inputs(m, n, k, dtype, seed=m)
+    temps = torch.tensor(TEMPS[m])
+    logits = torch.empty(m, n, dtype=dtype)
+    got = lm_head_sample(x, w, temps, 1234, logits_out=logits)
+    assert got.dtype == torch.int64 and got.shape == (m,)
+    assert torch.equal(got, sample_tokens(logits, temps, 1234))  # exact: the same logits, the same draw
+    want, ref_logits = lm_head_sample_reference(x, w, temps, 1234)
+    torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=TOL[dtype])
+    assert torch.equal(got, want)  # the fp32 sum order differs from torch's, yet no token is that close
+    if m == 3:  # the sampled rows are drawn, not the argmax
+        assert got[0] != logits[0].float().argmax() and got[2] != logits[2].float().argmax()
+    # the seed from a device tensor (read at run time) and into a static out buffer: the same draw
+    out = torch.full((m,), -1, dtype=torch.int64)
+    assert lm_head_sample(x, w, temps, torch.tensor([1234]), out=out) is out
+    assert torch.equal(out, got)
+
+
+def test_one_block_per_program_and_one_program_in_all():
+    # N and K multiples of the tiles (the unmasked path); every program count gives the same draw
+    x, w = _inputs(2, 512, 64, torch.float32, seed=5)
+    temps = torch.tensor([0.9, 0.0])
+    logits = torch.empty(2, 512)
+    want = lm_head_sample(x, w, temps, 77, logits_out=logits, block_n=16, block_k=32, num_programs=32)
+    assert torch.equal(want, sample_tokens(logits, temps, 77))
+    for programs in (1, 3):
+        assert torch.equal(
+            lm_head_sample(x, w, temps, 77, block_n=16, block_k=32, num_programs=programs), want
+        )
+    # blocks of 4 rows: one Philox counter a block
+    assert torch.equal(lm_head_sample(x, w, temps, 77, block_n=4, block_k=64, num_programs=7, pdl=True), want)
+
+
+@pytest.mark.parametrize(("n", "k", "programs"), [(512, 64, 5), (1003, 96, 8), (1003, 96, 1)])
+def test_whole_rows_asked_a_block_ahead(n, k, programs):
+    # block_k >= K: x read once, each block's rows loaded while the previous block is scored (the
+    # last prefetch runs past N, masked); the same draw as sample_tokens on the logits it writes
+    x, w = _inputs(2, n, k, torch.float32, seed=9)
+    temps = torch.tensor([0.0, 1.1])
+    logits = torch.empty(2, n)
+    got = lm_head_sample(x, w, temps, 5, logits_out=logits, block_n=8, block_k=128, num_programs=programs)
+    assert torch.equal(got, sample_tokens(logits, temps, 5))
+    assert torch.allclose(logits, x @ w.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_greedy_is_argmax_with_ties_to_the_lowest_index(dtype):
+    n, k = 700, 64
+    x, w = _inputs(2, n, k, dtype, seed=3)
+    w[300] = (x[0].float() / x[0].float().norm() * 4).to(dtype)  # row 0's maximum ...
+    w[650] = w[301] = w[300]  # ... tied by a later block (another program) and by the next row
+    w[20] = (x[1].float() / x[1].float().norm() * 4).to(dtype)
+    w[21] = w[20]  # row 1: tied in the same block
+    temps = torch.zeros(2)
+    logits = torch.empty(2, n, dtype=dtype)
+    got = lm_head_sample(x, w, temps, 9, logits_out=logits)
+    assert logits[0, 300] == logits[0, 650] == logits[0, 301] == logits[0].max()
+    assert logits[1, 20] == logits[1, 21] == logits[1].max()
+    assert got.tolist() == [300, 20]
+    assert torch.equal(got, logits.float().argmax(dim=-1))
+
+
+def test_arrival_counter_is_left_zeroed():
+    x, w = _inputs(1, 300, 32, torch.float32, seed=4)
+    temps = torch.tensor([1.0])
+    first = lm_head_sample(x, w, temps, 5)
+    counter = _jit._COUNTERS[("lm_head_sample", "cpu", None)]
+    assert int(counter.abs().sum()) == 0
+    assert torch.equal(lm_head_sample(x, w, temps, 5), first)  # the second launch reduces again
+    assert int(counter.abs().sum()) == 0
+    logits = torch.empty(1, 300)
+    assert torch.equal(lm_head_sample(x, w, temps, 6, logits_out=logits), sample_tokens(logits, temps, 6))
+
+
+def test_seed_is_not_specialized():
+    from triton.runtime.jit import JITFunction
+
+    from kernels.lm_head_sample import _lm_head_sample_kernel
+
+    jf = JITFunction(_lm_head_sample_kernel.fn, **_lm_head_sample_kernel.jit_kwargs)
+    assert [p.name for p in jf.params if p.do_not_specialize] == ["seed"]
+
+
+BAD = [
+    ("x must be", dict(x=torch.zeros(5, 8))),  # M > 4
+    ("x must be", dict(x=torch.zeros(2, 8, dtype=torch.int32), weight=torch.zeros(40, 8, dtype=torch.int32))),
+    ("weight must be", dict(weight=torch.zeros(40, 9))),
+    ("weight must be", dict(weight=torch.zeros(40, 8, dtype=torch.float16))),
+    ("weight must be", dict(weight=torch.zeros(0, 8))),
+    ("temperatures must be", dict(temperatures=torch.zeros(3))),
+    ("temperatures must be", dict(temperatures=torch.zeros(2, dtype=torch.float64))),
+    ("seed tensor", dict(seed=torch.tensor([1], dtype=torch.int32))),
+    ("out must be", dict(out=torch.zeros(2, dtype=torch.int32))),
+    ("logits_out must be", dict(logits_out=torch.zeros(2, 41))),
+    ("logits_out must be", dict(logits_out=torch.zeros(2, 40, dtype=torch.float16))),
+    ("block_n must be", dict(block_n=2)),
+    ("block_n must be", dict(block_n=12)),
+    ("block_k must be", dict(block_k=48)),
+    ("num_programs must be", dict(num_programs=0)),
+    ("num_programs must be", dict(block_n=8, num_programs=6)),  # 5 blocks of 8 rows
+]
+
+
+@pytest.mark.parametrize(("match", "change"), BAD)
+def test_bad_arguments_are_named(match, change):
+    args = dict(x=torch.zeros(2, 8), weight=torch.zeros(40, 8), temperatures=torch.zeros(2), seed=1) | change
+    with pytest.raises(ValueError, match=match):
+        lm_head_sample(**args)
+
+
+@gpu
+@pytest.mark.parametrize("m", [1, 4])
+def test_gpu_real_shape_bf16(m):
+    n, k = 151936, 1024
+    x, w = _inputs(m, n, k, torch.bfloat16, seed=7, device="cuda")
+    for temps in ([0.0] * m, [0.8] * m):
+        t = torch.tensor(temps, device="cuda")
+        logits = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+        got = lm_head_sample(x, w, t, 42, logits_out=logits)
+        assert torch.equal(got, sample_tokens(logits, t, 42))
+        want = torch.nn.functional.linear(x, w)
+        torch.testing.assert_close(logits.float(), want.float(), atol=3e-2, rtol=1e-2)
+    # replayed from a CUDA graph with the seed read at run time
+    seed, out = torch.tensor([1], device="cuda"), torch.empty(m, dtype=torch.int64, device="cuda")
+    lm_head_sample(x, w, t, seed, out=out, logits_out=logits)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        lm_head_sample(x, w, t, seed, out=out, logits_out=logits)
+    for s in (2, 3):
+        seed.fill_(s)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, sample_tokens(logits, t, s))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fused_final_norm(dtype):
+    # the lm_head of rms_norm(x + residual): the logits of the reference norm within rounding, and the
+    # tokens those logits draw
+    x, w = _inputs(2, 1003, 96, dtype, seed=11)
+    residual, nw = _inputs(2, 96, 96, dtype, seed=12)[0], torch.rand(96).to(dtype) + 0.5
+    temps = torch.tensor([0.0, 0.8])
+    logits = torch.empty(2, 1003, dtype=dtype)
+    got = lm_head_sample(x, w, temps, 3, logits_out=logits, block_n=8, block_k=128, num_programs=8,
+                         residual=residual, norm=(nw, 1e-6))  # fmt: skip
+    assert torch.equal(got, sample_tokens(logits, temps, 3))
+    normed = ref.fused_add_rms_norm(x, residual, nw, 1e-6)[0]
+    want = (normed.float() @ w.float().T).to(dtype)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(logits.float(), want.float(), rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match="whole-row"):
+        lm_head_sample(x, w, temps, 3, block_k=32, residual=residual, norm=(nw, 1e-6))
+    with pytest.raises(ValueError, match="go together"):
+        lm_head_sample(x, w, temps, 3, block_k=128, residual=residual)
