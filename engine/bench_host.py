@@ -27,11 +27,11 @@ def _stub_device_work(core, seed: int) -> None:
     stream = torch.randint(0, 10000, (1 << 20,), generator=gen)
     state = {"at": 0}
 
-    def execute(batch, pending=None):
+    def execute(batch, pending=None, temps=None):
         step = runner.prepare(batch, pending)
         if not step.sampling:
-            return None, []
-        return torch.zeros((len(step.sampling), 1)), step.sampling
+            return None, [], None
+        return torch.zeros((len(step.sampling), 1)), step.sampling, None
 
     def sample(logits, seqs, static=None):
         at = state["at"]

@@ -15,6 +15,7 @@ class HostTimeline:
         ("runner", "prepare"),
         ("runner", "execute"),
         ("runner", "run"),
+        ("runner", "run_sampled"),
         ("core", "_sample"),
         ("core", "_reserve"),
         ("core", "_launched"),
@@ -54,7 +55,7 @@ class HostTimeline:
             for graphs in (self.core.runner.graphs, self.core.runner.extend_graphs):
                 if graphs is not None:
                     wrap(graphs, "run", f"{type(graphs).__name__}.run")
-                    for graph, _ in graphs.graphs.values():
+                    for graph, _ in _all_graphs(graphs):
                         wrap(graph, "replay", "CUDAGraph.replay")
             if self.core.device.type == "cuda":
                 self.gaps = GpuGaps(self.core, self.timers)
@@ -72,6 +73,11 @@ class HostTimeline:
         print(f"host timeline (us per step, wall {wall / steps * 1e6:.0f}): {cells}")
         if self.gaps is not None:
             self.gaps.report(steps)
+
+
+def _all_graphs(graphs) -> list:
+    """(graph, output) of every graph a DecodeGraphs or ExtendGraphs holds."""
+    return list(graphs.graphs.values()) + list(getattr(graphs, "step_graphs", {}).values())
 
 
 class GpuGaps:
@@ -95,12 +101,13 @@ class GpuGaps:
             return record
 
         timers.around(core.runner, "run", mark("forward"), mark("forward end"))
+        timers.around(core.runner, "run_sampled", mark("forward"), mark("sampled"))
         timers.around(core.runner, "prepare", after=mark("prepared"))
         timers.around(core.sampler, "sample", after=mark("sampled"))
         timers.around(core, "_launched", after=mark("tokens"))
         for graphs in (core.runner.graphs, core.runner.extend_graphs):
             if graphs is not None:
-                for graph, _ in graphs.graphs.values():
+                for graph, _ in _all_graphs(graphs):
                     timers.around(graph, "replay", mark("replay"))
 
     def report(self, steps: int) -> None:

@@ -11,6 +11,7 @@ import logging
 import torch
 
 from engine.attention import AttentionMetadata
+from kernels import dispatch as ops
 
 log = logging.getLogger("chatloom.engine")
 
@@ -53,14 +54,14 @@ def default_sizes(max_num_seqs: int) -> list[int]:
 class _TokenGraphs:
     """What both kinds share: a ladder of sizes and the static token inputs (ids, positions, K/V
     slots) of the largest, loaded for a step with the padding tokens' slots set to -1. They are the
-    first 3n entries of one int64 buffer of (3 + extra) * n (extra: room a subclass uses after them)."""
+    first 3n entries of one int64 buffer of 3n + extra (extra: room a subclass uses after them)."""
 
     def __init__(self, model, kv_caches, sizes: list[int], device: torch.device, extra: int = 0) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.sizes = sorted(sizes)
         n = self.sizes[-1]
-        self.inputs64 = torch.zeros((3 + extra) * n, dtype=torch.int64, device=device)
+        self.inputs64 = torch.zeros(3 * n + extra, dtype=torch.int64, device=device)
         self.input_ids, self.positions, self.slot_mapping = self.inputs64[: 3 * n].view(3, n)
         self.slot_mapping.fill_(-1)
 
@@ -82,23 +83,63 @@ class _TokenGraphs:
         return size
 
 
-class DecodeGraphs(_TokenGraphs):
-    """The static inputs sit in two buffers that a step's prepare fills with one host-to-device copy
-    each (ModelRunner.prepare): int64 [ids | positions | slots] (n each, n the largest size; the padding
-    rows' slots -1) followed by the step's in-flight token indices, and int32 [lengths (n; padding rows
-    0) | the step's block-table rows], which run() copies into the graph's table. A graph step samples
-    rows 0..bs-1, the leading entries of sample_rows."""
+# Decode steps of at most this many sequences are also captured with the fused sampler after the
+# forward, when the engine samples in graphs: a plain step (no logit edits, masks, filters, seeds or
+# logprobs) is then one replay that leaves its tokens in `tokens`, where the next step's first launch
+# reads those still in flight. H200, one machine session each pair: W3 (batch 1) 1,255 / 1,273 tok/s
+# against 1,245 without; W1 (batch 32) 20,207 against 20,455 without, hence small batches only.
+STEP_GRAPH_MAX_SIZE = 8
 
-    def __init__(self, model, kv_caches, sizes: list[int], max_blocks: int, device: torch.device) -> None:
-        super().__init__(model, kv_caches, sizes, device, extra=2)  # in-flight (position, row) pairs
-        n = self.sizes[-1]
+
+class DecodeGraphs(_TokenGraphs):
+    """A step's prepare fills the static inputs with one host-to-device copy per buffer
+    (ModelRunner.prepare), in the layout of kernels.step_inputs: int64 [ids | positions | slots (n each,
+    n the largest size; the padding rows' slots -1) | k, rows, width, 0 | k in-flight positions | their
+    rows in `tokens`] and int32 [lengths (n; padding rows 0) | the step's block-table rows]. Each graph
+    starts with that kernel: it moves the table rows into the graph's table and, for k > 0, the
+    previous step's tokens into the ids. A graph step samples rows 0..bs-1, the leading entries of
+    sample_rows.
+
+    sample_seed: also capture step graphs (forward, then sampling into `tokens` with the temperatures
+    in `temps` and the device seed, which each replay advances) for the sizes up to
+    STEP_GRAPH_MAX_SIZE; at batch 1 the final norm, the lm_head and the draw are one launch
+    (kernels.lm_head_sample)."""
+
+    def __init__(
+        self,
+        model,
+        kv_caches,
+        sizes: list[int],
+        max_blocks: int,
+        device: torch.device,
+        sample_seed: int | None = None,
+    ) -> None:
+        n = max(sizes)
+        super().__init__(model, kv_caches, sizes, device, extra=4 + 2 * n)  # control, in-flight pairs
+        self.control = self.inputs64[3 * n : 3 * n + 4]
         self.sample_rows = torch.arange(n, device=device)
         self.inputs32 = torch.zeros(n + n * max_blocks, dtype=torch.int32, device=device)
         self.seq_lens = self.inputs32[:n]
         self.block_tables = torch.zeros((n, max_blocks), dtype=torch.int32, device=device)
+        self.tokens = torch.zeros(n, dtype=torch.int64, device=device)  # the step graphs' sampled ids
+        self.temps = torch.zeros(n, dtype=torch.float32, device=device)
+        self.seed = torch.tensor([(sample_seed or 0) & 0x7FFFFFFF], dtype=torch.int64, device=device)
+        self._temps_src: torch.Tensor | None = None
         self.graphs = capture_ladder(self.sizes, self._forward, "capturing CUDA graphs")
+        self.step_graphs = {}
+        small = [s for s in self.sizes if s <= STEP_GRAPH_MAX_SIZE]
+        if sample_seed is not None and small:
+            self.step_graphs = capture_ladder(small, self._step, "capturing sampling graphs")
+
+    def finish_inputs(self, size: int) -> None:
+        """What every graph launches first (kernels.step_inputs)."""
+        ops.decode_step_inputs(self.inputs64, self.inputs32, self.block_tables, self.tokens, size)
 
     def _forward(self, bs: int) -> torch.Tensor:
+        return self.model.compute_logits(self._hidden(bs))
+
+    def _hidden(self, bs: int, final_norm: bool = True):
+        self.finish_inputs(bs)
         meta = AttentionMetadata(
             slot_mapping=self.slot_mapping[:bs],
             num_decodes=bs,
@@ -108,8 +149,15 @@ class DecodeGraphs(_TokenGraphs):
             prefill_cu_seqlens_q=None,
             prefill_seq_lens=None,
         )
-        hidden = self.model(self.input_ids[:bs], self.positions[:bs], self.kv_caches, meta)
-        return self.model.compute_logits(hidden)
+        return self.model(self.input_ids[:bs], self.positions[:bs], self.kv_caches, meta, final_norm)
+
+    def _step(self, bs: int) -> torch.Tensor:
+        x, residual = self._hidden(bs, final_norm=False)
+        norm, tokens = self.model.norm, self.tokens[:bs]
+        head = self.model.logits_weight
+        ops.lm_head_sample(x, residual, norm.weight, norm.eps, head, self.temps[:bs], self.seed, tokens)
+        self.seed.add_(1)
+        return tokens
 
     def static_output(self, logits: torch.Tensor) -> torch.Tensor | None:
         """The whole output buffer of the graph whose run() returned `logits` (its leading rows), else
@@ -120,34 +168,32 @@ class DecodeGraphs(_TokenGraphs):
         out = self.graphs[size][1]
         return out if out.data_ptr() == logits.data_ptr() and out.stride() == logits.stride() else None
 
-    def load(
-        self,
-        input_ids: torch.Tensor,  # (bs,)
-        positions: torch.Tensor,  # (bs,)
-        slot_mapping: torch.Tensor,  # (bs,)
-        seq_lens: torch.Tensor,  # (bs,) int32
-    ) -> None:
-        """Copies a step's tensors into the static inputs (a step not prepared in place), the padding
-        rows up to the graph's size writing no K/V and attending to nothing."""
-        bs = input_ids.shape[0]
-        size = self._load_tokens(input_ids, positions, slot_mapping)
-        self.seq_lens[:bs].copy_(seq_lens)
-        if size > bs:
-            self.seq_lens[bs:size].fill_(0)
-
-    def run(
-        self,
-        bs: int,
-        block_tables: torch.Tensor,  # (bs, width) int32: the step's rows (a view of inputs32)
-    ) -> torch.Tensor:  # (bs, vocab) logits in the model dtype (a view of the graph's output)
-        """Replays the graph of the size bs pads to, its static inputs already loaded (by prepare, or
-        load)."""
+    def run(self, bs: int) -> torch.Tensor:  # (bs, vocab) logits in the model dtype (the graph's output)
+        """Replays the graph of the size bs pads to, its static inputs already loaded by prepare."""
         size = self.padded_size(bs)
         assert size is not None
-        self.block_tables[:bs, : block_tables.shape[1]].copy_(block_tables)
         graph, logits = self.graphs[size]
         graph.replay()
         return logits[:bs]
+
+    def samples(self, bs: int) -> bool:
+        """Whether a step graph takes a batch of bs."""
+        return padded_size(sorted(self.step_graphs), bs) is not None
+
+    def run_step(
+        self,
+        bs: int,
+        temps: torch.Tensor,  # (bs,) float32 on the device, 0 = greedy
+    ) -> torch.Tensor:  # (bs,) int64 sampled ids: the leading entries of `tokens`
+        """Replays the step graph of the size bs pads to: forward and sampling. The tokens stay valid
+        until the next replay of any step graph: what reads them is queued before it."""
+        if temps is not self._temps_src:  # a steady batch keeps its temperatures: no copy
+            self.temps[:bs].copy_(temps)
+            self._temps_src = temps
+        size = padded_size(sorted(self.step_graphs), bs)
+        assert size is not None
+        self.step_graphs[size][0].replay()
+        return self.tokens[:bs]
 
 
 def default_extend_sizes(max_tokens: int) -> list[int]:

@@ -212,6 +212,7 @@ class EngineCore:
         outputs: list[StepOutput] = []
         prev, self._inflight = self._inflight, None
         ahead, self._ahead = self._ahead, None
+        tokens = None  # sampled by the step's graph
         if ahead is not None:  # launched by the previous step (see _sample's ahead_of)
             batch, logits, sampling = ahead
         else:
@@ -221,11 +222,16 @@ class EngineCore:
                     outputs += self._finish(prev)
                 return outputs
             self._begin(batch)
-            logits, sampling = self.runner.execute(batch, prev.token_ids if prev is not None else None)
+            # a decode-only step of plain rows is sampled by the graph that runs its forward
+            temps = self.sampler.graph_temps(batch.seqs) if batch.num_decodes == len(batch.seqs) else None
+            pending = prev.token_ids if prev is not None else None
+            logits, sampling, tokens = self.runner.execute(batch, pending, temps)
         seqs = [batch.seqs[i] for i in sampling]
         # sampling waits for the previous tokens only when a row reads them on the host
         late = prev is not None and any(s.needs_host_tokens for s in seqs)
         launched = self._sample(logits, seqs) if logits is not None and not late else None
+        if tokens is not None:
+            launched = self._launched(seqs, self._reserve(seqs), tokens, None, [None] * len(seqs))
         if prev is not None:
             outputs += self._finish(prev)  # waits only for the previous step's tokens
         if logits is not None and late:

@@ -19,11 +19,6 @@ from engine.sequence import PENDING
 log = logging.getLogger("chatloom.engine")
 
 _NONE = np.zeros(0, dtype=np.int64)
-# A decode step that a captured graph runs is prepared straight into the graph's static buffers (two
-# host-to-device copies, no device-side copies of ids, positions, slots and lengths before the replay).
-# H200 W3: 1,190 tok/s against 1,176 with it off in one machine session. False: the step's tensors are
-# uploaded apart and DecodeGraphs.load copies them in.
-GRAPH_INPUTS_IN_PLACE = True
 
 
 class ModelRunner:
@@ -55,7 +50,8 @@ class ModelRunner:
 
             sizes = config.cuda_graph_sizes or default_sizes(config.max_num_seqs)
             max_blocks = -(-model.cos_sin.shape[0] // self.block_size)  # max_model_len in blocks
-            self.graphs = DecodeGraphs(model, self.kv_caches, sizes, max_blocks, device)
+            seed = config.seed + 1 if config.sampler_graphs else None  # its own stream of draws
+            self.graphs = DecodeGraphs(model, self.kv_caches, sizes, max_blocks, device, seed)
             limit = min(config.prefill_graph_max_tokens, config.max_num_batched_tokens)
             extend = default_extend_sizes(limit)
             if extend:
@@ -107,7 +103,7 @@ class ModelRunner:
         d_slots = table[rows[:nd], d_pos // bs].astype(np.int64) * bs + d_pos % bs
         pend_at = np.flatnonzero(d_ids == PENDING)  # batch positions whose token is still on the device
         pend_rows = np.array([dec[i].pending_row for i in pend_at.tolist()], dtype=np.int64)
-        if GRAPH_INPUTS_IN_PLACE and self._decode_graph_takes(len(seqs), bool(pre)):
+        if self._decode_graph_takes(len(seqs), bool(pre)):
             tables = table[rows, : int(num_blocks.max())]  # (nd, width)
             graph_step = (d_ids, d_pos, d_slots, pend_at, pend_rows, tables)
             return self._prepare_graph_step(*graph_step, pending, defer_pending)
@@ -202,18 +198,22 @@ class ModelRunner:
     ) -> StepInputs:
         """A decode-only step that a captured graph runs: its inputs go straight into the graph's static
         buffers (cuda_graphs.DecodeGraphs), one copy per dtype, the padding rows up to the largest size
-        with slot -1 and length 0; the block-table rows land beside the lengths and are copied into the
-        graph's table when it runs."""
+        with slot -1 and length 0. The graph's first launch copies the block-table rows into its table
+        and, when the previous step's tokens are a step graph's output, the tokens in flight into the
+        ids; others are copied in before the replay (_fill_pending)."""
         g = self.graphs
         n, nd = g.sizes[-1], ids.size
-        head = np.zeros((3, n), dtype=np.int64)  # ids | positions | slots
-        head[0, :nd], head[1, :nd], head[2] = ids, pos, -1
-        head[2, :nd] = slots
+        k = pend_at.size
+        in_graph = bool(k) and not defer_pending and pending is not None
+        in_graph = in_graph and pending.data_ptr() == g.tokens.data_ptr()
+        head = np.zeros(3 * n + 4, dtype=np.int64)  # ids | positions | slots | k, rows, width, 0
+        head[:nd], head[n : n + nd], head[2 * n : 3 * n] = ids, pos, -1
+        head[2 * n : 2 * n + nd] = slots
+        head[3 * n : 3 * n + 3] = (k if in_graph else 0, nd, tables.shape[1])
         lens = np.zeros(n, dtype=np.int32)
         lens[:nd] = pos + 1
-        k = pend_at.size
         up = _Upload()
-        h64 = up.add(np.concatenate([head.reshape(-1), pend_at, pend_rows]), torch.int64)
+        h64 = up.add(np.concatenate([head, pend_at, pend_rows]), torch.int64)
         h32 = up.add(np.concatenate([lens, tables.reshape(-1)]), torch.int32)
         t = up.upload(self._staging, into={torch.int64: g.inputs64, torch.int32: g.inputs32})
         t64, t32 = t[h64], t[h32]
@@ -227,10 +227,10 @@ class ModelRunner:
             prefill_cu_seqlens_q=None,
             prefill_seq_lens=None,
         )
-        in_flight = t64[3 * n : 3 * n + 2 * k] if k else None
+        in_flight = t64[3 * n + 4 : 3 * n + 4 + 2 * k] if k and not in_graph else None
         rows = g.sample_rows[:nd]
         step = StepInputs(g.input_ids[:nd], g.positions[:nd], meta, rows, list(range(nd)), in_flight, True)
-        if k and not defer_pending:
+        if in_flight is not None and not defer_pending:
             _fill_pending(step, pending)
         return step
 
@@ -240,11 +240,20 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(
-        self, batch: ScheduledBatch, pending: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor | None, list[int]]:
+        self, batch: ScheduledBatch, pending: torch.Tensor | None = None, temps: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor | None, list[int], torch.Tensor | None]:
         """Runs one step; returns (logits (num_sampling, vocab) in the model's dtype, the batch indices
-        that sample)."""
-        return self.run(batch, self.prepare(batch, pending))
+        that sample, None), or with `temps` ((batch,) float32 on the device: the engine lets the graph
+        sample) for a step that a step graph takes (None, the batch indices, (batch,) sampled ids)."""
+        step = self.prepare(batch, pending)
+        bs = len(batch.seqs)
+        if temps is not None and step.in_graph and self.graphs.samples(bs):
+            return None, step.sampling, self.run_sampled(bs, temps)
+        return (*self.run(batch, step), None)
+
+    def run_sampled(self, bs: int, temps: torch.Tensor) -> torch.Tensor:
+        """A prepared decode step's forward and sampling, one step-graph replay: (bs,) int64 ids."""
+        return self.graphs.run_step(bs, temps)
 
     @torch.inference_mode()
     def run(
@@ -256,10 +265,7 @@ class ModelRunner:
         input_ids, positions, meta = step.input_ids, step.positions, step.meta
         bs = len(batch.seqs)
         if step.in_graph:  # its inputs are the decode graph's static buffers already
-            return self.graphs.run(bs, meta.decode_block_tables), step.sampling
-        if self._decode_graph_takes(bs, meta.prefill_block_tables is not None):
-            self.graphs.load(input_ids, positions, meta.slot_mapping, meta.decode_seq_lens)
-            return self.graphs.run(bs, meta.decode_block_tables), step.sampling
+            return self.graphs.run(bs), step.sampling
         if (
             self.extend_graphs is not None
             and bs == 1

@@ -144,6 +144,25 @@ class Sampler:
         keep = [(local, key) for local, key, c, budget in keys if c.mask_key(budget) == key]
         return dm.upload(rows, computed, keep)
 
+    def _temps_for(self, seqs: list[Sequence]) -> torch.Tensor:
+        """(batch,) float32 temperatures on the device, 0 = greedy; a steady batch reuses its tensor (no
+        upload per step)."""
+        key = tuple(0.0 if s.params.greedy else s.params.temperature for s in seqs)
+        if key != self._temps_key:
+            self._temps_key, self._temps = key, host_to_device(list(key), torch.float32, self.device)
+        return self._temps
+
+    def graph_temps(self, seqs: list[Sequence]) -> torch.Tensor | None:
+        """The rows' temperatures when a decode graph may sample them itself (sampling graphs on, CUDA,
+        every row plain: no logit edits, grammar, filters, per-request seed or logprobs), else None."""
+        if self.graphs is None:
+            return None
+        for s in seqs:
+            p = s.params
+            if s.edits_logits or p.constraint is not None or p.logprobs is not None or not _plain(s):
+                return None
+        return self._temps_for(seqs)
+
     @staticmethod
     def _fusable(logits: torch.Tensor, seqs: list[Sequence]) -> bool:
         """Whether the fused Triton sampler can take these rows (CUDA, no filters, no per-request seed)."""
@@ -161,9 +180,7 @@ class Sampler:
         # masked rows were deferred only when the fused sampler can take them (process)
         if mask_rows is not None or self._fusable(logits, seqs):
             # fast path: mask + temperature + exponential race + argmax in one pass (kernels.sampling)
-            key = tuple(0.0 if s.params.greedy else s.params.temperature for s in seqs)
-            if key != self._temps_key:  # a steady batch reuses its device tensor: no upload per step
-                self._temps_key, self._temps = key, host_to_device(list(key), torch.float32, logits.device)
+            self._temps_for(seqs)
             table = self.device_masks.table if mask_rows is not None else None
             if static is not None and self.graphs is not None:
                 return self.graphs.sample(static, len(seqs), self._temps, table, mask_rows)

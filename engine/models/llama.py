@@ -164,11 +164,16 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,  # (num_tokens,)
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionMetadata,
-    ) -> torch.Tensor:  # (num_tokens, hidden)
+        final_norm: bool = True,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # (num_tokens, hidden)
+        """The final hidden states; without final_norm (x, residual) before the last norm, for a
+        consumer that applies it itself (kernels.lm_head_sample)."""
         x = self.embed_tokens(input_ids)
         x, residual = self.layers[0].qkv(x, None)
         for layer, kv, tail in zip(self.layers, kv_caches, self._tails(), strict=True):
             x, residual = layer(x, residual, positions, self.cos_sin, kv, meta, tail)
+        if not final_norm:
+            return x, residual
         x, _ = self.norm.forward_add(x, residual)
         return x
 
@@ -181,11 +186,14 @@ class LlamaForCausalLM(nn.Module):
             self._tail_weights = [layer.tail_weights(nxt) for layer, nxt in zip(layers, nexts, strict=True)]
         return self._tail_weights
 
+    @property
+    def logits_weight(self) -> torch.Tensor:  # (vocab, hidden)
+        return self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (batch, hidden) -> (batch, vocab)
         """In the model's dtype, as HF computes them before its float(): the fused sampler reads 16-bit
         logits as they are, and engine.sampler converts where it edits or normalizes them."""
-        weight = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, weight)
+        return torch.nn.functional.linear(hidden, self.logits_weight)
 
 
 def _cos_sin(inv_freq: torch.Tensor, max_positions: int, scaling: float) -> torch.Tensor:

@@ -68,6 +68,7 @@ def test_gpu_gaps_marks_each_part_of_a_step(monkeypatch):
         prepare=tick(5), graphs=SimpleNamespace(graphs={1: (graph, None)}), extend_graphs=None
     )
     runner.run = lambda *a: (tick(10)(), graph.replay())
+    runner.run_sampled = lambda *a: (tick(10)(), graph.replay())
     sample = tick(20)
     core = SimpleNamespace(runner=runner, sampler=SimpleNamespace(sample=sample), _launched=tick(3))
     timers = StepTimers()
@@ -87,3 +88,10 @@ def test_gpu_gaps_marks_each_part_of_a_step(monkeypatch):
     assert spans["prepared -> sampled"] == [20, 20] and spans["sampled -> tokens"] == [3, 3]
     timers.restore()
     assert core.sampler.sample is sample and len(gaps.marks) == 12  # unwrapped; six marks a step
+    # a step graph's replay (forward and sampling) is marked from its launch to its tokens
+    core.runner.run_sampled()
+    assert len(gaps.marks) == 12  # restored: no marks
+    gaps = GpuGaps(core, timers)
+    core.runner.run_sampled()
+    assert [k for k, _ in gaps.marks] == ["forward", "replay", "sampled"]
+    timers.restore()

@@ -52,31 +52,54 @@ def test_padded_size():
     assert cuda_graphs.default_extend_sizes(100) == [16, 32, 64]
 
 
-def test_graph_inputs_are_loaded_and_padded(monkeypatch):
-    # run() copies a step's inputs into the captured graph's static buffers: the padding rows/tokens
-    # up to the captured size write no K/V (slot -1) and decode rows attend to nothing (length 0);
-    # a decode step's tokens and lengths are already there (prepare), run() adds the block tables
+def test_graph_inputs_are_finished_by_the_graphs_first_launch(monkeypatch):
+    # prepare writes a decode step's tokens, lengths and block-table rows into the static buffers
+    # (tests/engine/test_prepare.py); each graph first runs finish_inputs, which copies the table rows
+    # into the graph's table and the tokens still in flight from `tokens` into the ids
     replays = stub_graphs(monkeypatch)
     cpu = torch.device("cpu")
     dec = cuda_graphs.DecodeGraphs(Model(), [], [1, 4], 6, cpu)
-    # the static inputs are views of two buffers that prepare fills (tests/engine/test_prepare.py)
     assert dec.slot_mapping.tolist() == [-1] * 4 and dec.input_ids.data_ptr() == dec.inputs64.data_ptr()
     assert dec.seq_lens.data_ptr() == dec.inputs32.data_ptr() and dec.inputs32.numel() == 4 + 4 * 6
-    logits = dec.run(3, torch.ones((3, 2), dtype=torch.int32))  # padded to the graph of 4
+    assert dec.inputs64.numel() == 5 * 4 + 4 and dec.step_graphs == {}  # no sample_seed: no step graphs
+    logits = dec.run(3)  # padded to the graph of 4
     assert logits.shape == (3, 10) and replays == [dec.graphs[4][0].name]
-    assert dec.block_tables[:3, :2].tolist() == [[1, 1]] * 3 and dec.block_tables[3].tolist() == [0] * 6
-    # a step not prepared in place (model_runner.GRAPH_INPUTS_IN_PLACE off) is copied in by load()
-    dec.slot_mapping.fill_(99)
-    dec.seq_lens.fill_(99)
-    ids = torch.tensor([5, 6, 7])
-    dec.load(ids, ids + 10, ids + 20, ids.int())
-    assert dec.input_ids[:3].tolist() == [5, 6, 7] and dec.positions[:3].tolist() == [15, 16, 17]
-    assert dec.slot_mapping.tolist() == [25, 26, 27, -1] and dec.seq_lens.tolist() == [5, 6, 7, 0]
+    dec.inputs64[:4] = torch.tensor([5, 6, 7, 0])
+    dec.control.copy_(torch.tensor([2, 3, 2, 0]))  # two in flight, three rows of two blocks
+    dec.inputs64[16:20] = torch.tensor([0, 2, 3, 1])  # ids[0] = tokens[3], ids[2] = tokens[1]
+    dec.inputs32[4:10] = torch.tensor([1, 2, 3, 4, 5, 6], dtype=torch.int32)
+    dec.tokens.copy_(torch.tensor([40, 41, 42, 43]))
+    dec.finish_inputs(4)
+    assert dec.input_ids.tolist() == [43, 6, 41, 0]
+    assert dec.block_tables[:3, :2].tolist() == [[1, 2], [3, 4], [5, 6]] and dec.block_tables[3].sum() == 0
     # the sampler replays its graph on the whole buffer that run() returned the leading rows of
     assert dec.static_output(logits) is dec.graphs[4][1]
     assert dec.static_output(logits.clone()) is None and dec.static_output(torch.zeros(9, 10)) is None
 
-    ext = cuda_graphs.ExtendGraphs(Model(), [], [16, 32], 6, cpu)
+
+def test_step_graphs_sample_into_tokens(monkeypatch):
+    replays = stub_graphs(monkeypatch)
+    monkeypatch.setattr(cuda_graphs, "STEP_GRAPH_MAX_SIZE", 2)
+    dec = cuda_graphs.DecodeGraphs(Model(), [], [1, 2, 4], 6, torch.device("cpu"), sample_seed=3)
+    assert sorted(dec.step_graphs) == [1, 2] and dec.samples(2) and not dec.samples(3)
+    # the captures ran the forward and the sampler: greedy rows of zero logits draw token 0, and the
+    # seed advanced once per run (outside and inside each capture)
+    assert dec.seed.item() == 3 + 4
+    temps = torch.tensor([0.0])
+    dec.tokens.fill_(9)
+    out = dec.run_step(1, temps)
+    assert out.data_ptr() == dec.tokens.data_ptr() and replays[-1] == dec.step_graphs[1][0].name
+    assert dec.temps[0].item() == 0.0
+    dec.temps.fill_(5.0)
+    dec.run_step(1, temps)  # the same temperatures tensor: not copied again
+    assert dec.temps[0].item() == 5.0
+    dec.run_step(1, torch.tensor([0.5]))
+    assert dec.temps[0].item() == 0.5
+
+
+def test_extend_graph_inputs_are_loaded_and_padded(monkeypatch):
+    stub_graphs(monkeypatch)
+    ext = cuda_graphs.ExtendGraphs(Model(), [], [16, 32], 6, torch.device("cpu"))
     ext.slot_mapping.fill_(99)
     n = torch.arange(20)
     ext.run(

@@ -226,3 +226,28 @@ def test_sampler_graphs_draw_from_softmax():
     assert _chi2_ok(tokens, torch.softmax(row.cpu() / 0.7, dim=-1))
     greedy = g.sample(static, 64, torch.zeros(64, device="cuda"), None, None)
     assert (greedy == 5).all()
+
+
+def test_step_graphs_sample_plain_decode_steps(ckpt):
+    """Plain decode steps (no logit edits, masks, filters or logprobs) are one replay of a step graph
+    whose first launch reads the tokens still in flight from the previous replay: float32 greedy tokens
+    equal those of the engine without it (forward graph, then the sampler), and a batch with a row
+    that asks for logprobs takes the forward graph and the sampler."""
+    from engine import cuda_graphs
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ps = prompts()[:6]
+    kw = dict(dtype="float32", max_model_len=1024, max_num_seqs=8, num_kv_blocks=1024)
+    want = [o.token_ids for o in LLM(ckpt, sampler_graphs=False, **kw).generate(ps, GREEDY)]
+    llm = LLM(ckpt, **kw)
+    graphs = llm.core.runner.graphs
+    assert sorted(graphs.step_graphs) == [s for s in graphs.sizes if s <= cuda_graphs.STEP_GRAPH_MAX_SIZE]
+    replays = []
+    run_step = graphs.run_step
+    graphs.run_step = lambda *a: replays.append(a[0]) or run_step(*a)
+    assert [o.token_ids for o in llm.generate(ps, GREEDY)] == want
+    assert len(replays) >= NEW - 2  # every decode step but the ones that follow a prefill
+    replays.clear()
+    with_lp = [GREEDY] * 5 + [SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True, logprobs=2)]
+    out = llm.generate(ps, with_lp)
+    assert [o.token_ids for o in out] == want and not replays and len(out[5].outputs[0].logprobs) == NEW
