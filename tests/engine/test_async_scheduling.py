@@ -260,3 +260,38 @@ def test_launch_ahead_equals_launch_after_and_survives_aborts(tiny_qwen3):
         stats = core.stats()
         assert stats["free_blocks"] == stats["total_blocks"] and stats["running"] == 0
     assert results[0] == results[1] and len(results[0]) == 5
+
+
+def test_steps_whose_graph_samples_give_the_same_tokens(tiny_qwen3):
+    """EngineCore's path for decode steps that a CUDA step graph samples (the runner returns the tokens,
+    no logits), emulated on the CPU with greedy draws for decode-only batches of up to 4: the tokens,
+    stops and block accounting of the synchronous engine, with steps on both paths as batches shrink;
+    a batch holding a row that asks for logprobs stays on the sampler's path."""
+    kw = dict(device="cpu", dtype="float32", num_kv_blocks=64, block_size=16)
+    sync = LLM(tiny_qwen3, async_scheduling=False, **kw)
+    llm = LLM(tiny_qwen3, async_scheduling=True, **kw)
+    runner = llm.core.runner
+    llm.core.sampler.graphs = "on"  # Sampler.graph_temps asks only whether sampling graphs are on
+    runner.samples_in_graph = lambda batch: batch.num_decodes == len(batch.seqs) <= 4
+    execute, taken = runner.execute, []
+
+    def sampled_in_graph(batch, pending=None, temps=None):
+        logits, sampling, tokens = execute(batch, pending)
+        if temps is None:
+            return logits, sampling, tokens
+        assert logits is not None and temps.tolist() == [0.0] * len(sampling)
+        taken.append(len(sampling))
+        return None, sampling, logits.argmax(dim=-1)
+
+    runner.execute = sampled_in_graph
+    ps = prompts(7)
+    params = [SamplingParams(temperature=0, max_tokens=2 + 4 * i, ignore_eos=True) for i in range(len(ps))]
+    want = sync.generate(ps, params)
+    got = llm.generate(ps, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert len(taken) > 5 and max(taken) <= 4 and llm.stats()["free_blocks"] == llm.stats()["total_blocks"]
+    taken.clear()
+    lp = [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=1)] + params[1:3]
+    out = llm.generate(ps[:3], lp)
+    assert [o.token_ids for o in out] == [o.token_ids for o in sync.generate(ps[:3], lp)]
+    assert len(out[0].outputs[0].logprobs) == 6 and len(taken) == 10 - 6  # steps after the logprobs row ends
