@@ -32,7 +32,8 @@ class EngineConfig:
     # CUDA: grammar mask rows cached on the device by grammar state (~19 KB each at a 152k vocabulary),
     # applied inside the fused sampler; 0: masks are uploaded whole each step and applied apart
     device_mask_rows: int = 4096
-    # CUDA: a decode step's fused sampling replays a captured graph (captured on first use)
+    # CUDA: a decode step's fused sampling replays a captured graph (captured on first use), and small
+    # decode batches of plain rows are sampled inside the forward's graph (cuda_graphs.DecodeGraphs)
     sampler_graphs: bool = True
     seed: int = 0
     load_format: str = "auto"

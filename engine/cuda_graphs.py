@@ -127,9 +127,10 @@ class DecodeGraphs(_TokenGraphs):
         self._temps_src: torch.Tensor | None = None
         self.graphs = capture_ladder(self.sizes, self._forward, "capturing CUDA graphs")
         self.step_graphs = {}
-        small = [s for s in self.sizes if s <= STEP_GRAPH_MAX_SIZE]
-        if sample_seed is not None and small:
-            self.step_graphs = capture_ladder(small, self._step, "capturing sampling graphs")
+        samples = sample_seed is not None
+        self.step_sizes = [s for s in self.sizes if s <= STEP_GRAPH_MAX_SIZE and samples]
+        if self.step_sizes:
+            self.step_graphs = capture_ladder(self.step_sizes, self._step, "capturing sampling graphs")
 
     def finish_inputs(self, size: int) -> None:
         """What every graph launches first (kernels.step_inputs)."""
@@ -178,7 +179,7 @@ class DecodeGraphs(_TokenGraphs):
 
     def samples(self, bs: int) -> bool:
         """Whether a step graph takes a batch of bs."""
-        return padded_size(sorted(self.step_graphs), bs) is not None
+        return padded_size(self.step_sizes, bs) is not None
 
     def run_step(
         self,
@@ -190,7 +191,7 @@ class DecodeGraphs(_TokenGraphs):
         if temps is not self._temps_src:  # a steady batch keeps its temperatures: no copy
             self.temps[:bs].copy_(temps)
             self._temps_src = temps
-        size = padded_size(sorted(self.step_graphs), bs)
+        size = padded_size(self.step_sizes, bs)
         assert size is not None
         self.step_graphs[size][0].replay()
         return self.tokens[:bs]

@@ -223,7 +223,7 @@ class EngineCore:
                 return outputs
             self._begin(batch)
             # a decode-only step of plain rows is sampled by the graph that runs its forward
-            temps = self.sampler.graph_temps(batch.seqs) if batch.num_decodes == len(batch.seqs) else None
+            temps = self.sampler.graph_temps(batch.seqs) if self.runner.samples_in_graph(batch) else None
             pending = prev.token_ids if prev is not None else None
             logits, sampling, tokens = self.runner.execute(batch, pending, temps)
         seqs = [batch.seqs[i] for i in sampling]

@@ -251,6 +251,11 @@ class ModelRunner:
             return None, step.sampling, self.run_sampled(bs, temps)
         return (*self.run(batch, step), None)
 
+    def samples_in_graph(self, batch: ScheduledBatch) -> bool:
+        """Whether a step graph can take this batch (decode-only, small enough)."""
+        bs = len(batch.seqs)
+        return self.graphs is not None and batch.num_decodes == bs and self.graphs.samples(bs)
+
     def run_sampled(self, bs: int, temps: torch.Tensor) -> torch.Tensor:
         """A prepared decode step's forward and sampling, one step-graph replay: (bs,) int64 ids."""
         return self.graphs.run_step(bs, temps)

@@ -832,16 +832,12 @@ def sweep_sampling(device, reps: int = 20) -> None:
 
 
 def _lm_head_configs(m: int, sms: int, tiny: bool) -> list[dict]:
-    """(BLOCK_N, BLOCK_K, warps) x programs per SM; the (M, BLOCK_N, BLOCK_K) fp32 accumulator <= 64
-    registers a thread."""
+    """(BLOCK_N, warps) x programs per SM."""
     if tiny:
-        return [dict(block_n=16, block_k=32, num_warps=4, num_programs=p) for p in (1, 4)]
-    tiles = [(8, 256, 4), (8, 512, 4), (16, 128, 4), (16, 256, 4), (32, 128, 4), (32, 128, 8), (32, 256, 8),
-             (64, 64, 4), (64, 128, 8), (16, 512, 8), (8, 128, 4), (16, 64, 4)]  # fmt: skip
-    whole = [(4, 1024, 2), (4, 1024, 4), (8, 1024, 4), (8, 1024, 8), (16, 1024, 8)]  # next block asked ahead
-    return [dict(block_n=bn, block_k=bk, num_warps=w, num_programs=pps * sms)
-            for bn, bk, w in whole + tiles if m * bn * bk <= 2048 * w
-            for pps in (2, 4, 8) if pps * sms * bn <= VOCAB]  # fmt: skip
+        return [dict(block_n=16, num_warps=4, num_programs=p) for p in (1, 4)]
+    tiles = [(4, 1), (4, 2), (4, 4), (8, 2), (8, 4), (16, 4), (16, 8)]
+    return [dict(block_n=bn, num_warps=w, num_programs=pps * sms)
+            for bn, w in tiles for pps in (4, 8, 12) if pps * sms * bn <= VOCAB]  # fmt: skip
 
 
 def sweep_lm_head(dtype, device, timer: Timer, tiny: bool, reps: int = 10) -> None:
@@ -862,7 +858,7 @@ def sweep_lm_head(dtype, device, timer: Timer, tiny: bool, reps: int = 10) -> No
     us = lambda t: f"{t * 1e6:8.2f} us ({tb / t:.2f} TB/s)"
     how = "graph replay" if device.type == "cuda" else "eager, interpreted"
     print(f"# lm_head + sampling, W {n}x{k} {dtype}: us per call ({how}), TB/s of W bytes; "
-          f"configs (block_n, block_k, num_warps, num_stages, num_programs) on {sms} SMs")  # fmt: skip
+          f"configs (block_n, num_warps, num_programs) on {sms} SMs")  # fmt: skip
     for m in (1, 2) if tiny else (1, 2, 4):
         x, seed = _randn(m, k, dtype=dtype, device=device), torch.tensor([1234], device=device)
         temps = torch.full((m,), 0.7, device=device)
@@ -882,7 +878,7 @@ def sweep_lm_head(dtype, device, timer: Timer, tiny: bool, reps: int = 10) -> No
             except Exception as exc:  # a config the chip cannot hold
                 print(f"    {cfg}: {type(exc).__name__}: {str(exc)[:100]}")
                 continue
-            named = tuple(choose_config(m, n, k, device, **cfg))
+            named = tuple(choose_config(m, n, device, **cfg))
             results.append((t, named, ok, err))
             print(f"    {'default ' if not cfg else ''}{named}: {us(t)} {'ok' if ok else 'MISMATCH'} "
                   f"rel_err {err:.1e}")  # fmt: skip

@@ -1,17 +1,20 @@
-"""The lm_head and the token draw in one launch for decode-sized batches (M <= 4, tuned for M == 1).
+"""The end of a decode step in one launch for small batches (M <= 4, tuned for M == 1): the final
+RMSNorm (optional), the lm_head and the token draw.
 
 At batch 1 a decode step ends with logits = x @ W^T over the whole vocabulary (a 311 MB weight stream
-in bf16) and then kernels.sampling.sample_tokens over those logits. Here the programs stream W in
-blocks of BLOCK_N rows (all of K, fp32 accumulation), round each block's logits to x's dtype exactly as
-the lm_head output is rounded, optionally store them, and score them as sampling._sample_chunk_kernel
-does: the same Philox counters (row, column // 4) and the same score, logit / T - log(-log U) (the
-plain logit when T == 0), strict `>` so ties keep the lowest index. The tokens therefore equal
-sample_tokens(logits, temperatures, seed) on the logits this kernel writes.
+in bf16 for Qwen3-0.6B) and then kernels.sampling.sample_tokens over those logits. Here each program
+takes blocks of BLOCK_N whole rows of W (K <= MAX_K: a row in registers), asks for its next block
+before it works on the current one (a block's loads stay in flight behind the math), computes the
+block's logits in fp32, rounds them to x's dtype as the lm_head output is rounded, optionally stores
+them, and scores them as sampling._sample_chunk_kernel does: the same Philox counters (row, column //
+4) and the same score, logit / T - log(-log U) (the plain logit when T == 0), strict `>` so ties keep
+the lowest index. The tokens therefore equal sample_tokens(logits, temperatures, seed) on the logits
+this kernel writes.
 
-Program p takes the blocks p, p + P, p + 2P, ... (P = num_programs, a few per SM: every program stays
-resident and the partial bests stay few) and writes its best (score, index) per row; the program that
-arrives last (an arrival counter, left zeroed) reduces the P partials of every row to the token. No
-grammar masks: rows with a mask take the lm_head and sample_tokens separately.
+Program p takes the blocks p, p + P, p + 2P, ... (P = num_programs, a few per SM, all resident) and
+writes its best (score, index) per row; the program that arrives last (an arrival counter, left
+zeroed) reduces the P partials of every row to the token. No grammar masks: rows with a mask take the
+lm_head and sample_tokens separately.
 """
 
 from __future__ import annotations
@@ -28,14 +31,13 @@ from kernels.paged_attention import _sm_count
 from kernels.sampling import _uniforms, sample_tokens
 
 MAX_M = 4
+MAX_K = 4096  # whole rows of W in a program's registers
 MAX_PROGRAMS = 4096  # the last program reduces all partials of a row in one (BLOCK_M, BLOCK_P) load
 
 
 class LmHeadConfig(NamedTuple):
     block_n: int  # rows of W per block: a power of two >= 4 (Philox draws come in fours)
-    block_k: int  # columns of W per step
     num_warps: int
-    num_stages: int
     num_programs: int  # P; <= the number of blocks and <= MAX_PROGRAMS
 
 
@@ -86,28 +88,26 @@ def _lm_head_sample_kernel(
     num_programs,
     HAS_LOGITS: tl.constexpr,
     SEED_PTR: tl.constexpr,
-    EVEN: tl.constexpr,  # N % BLOCK_N == 0 and K % BLOCK_K == 0: no masks on W
     PDL: tl.constexpr,
-    WHOLE_K: tl.constexpr,  # BLOCK_K >= K: one step a block, the next block's W asked ahead
-    NORM: tl.constexpr,  # (WHOLE_K only) the lm_head reads rms_norm(x + residual)
+    NORM: tl.constexpr,  # the lm_head reads rms_norm(x + residual)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # >= K
     BLOCK_P: tl.constexpr,  # >= num_programs
 ):
     pdl_mod.release(PDL)
     pid = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
+    rows = tl.arange(0, BLOCK_N)
     mask_m = rm < M
+    inside_k = rk < K
     quads = (N + 3) // 4  # Philox counters per row: row r, column c draws from counter r * quads + c // 4
-    if WHOLE_K:  # the first block's weights: they depend on no kernel before
-        rows = tl.arange(0, BLOCK_N)
-        inside_k = rk < K
-        rn = pid * BLOCK_N + rows
-        w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * stride_w + rk[None, :]
-        w_next = tl.load(w_ptrs, mask=(rn < N)[:, None] & inside_k[None, :], other=0.0)
-    pdl_mod.wait(PDL)  # x, the temperatures and the seed may come from the kernels before
+    # the first block's weights (BLOCK_N, BLOCK_K): they depend on no kernel before
+    rn = pid * BLOCK_N + rows
+    w_next = tl.load(w_ptr + rn.to(tl.int64)[:, None] * stride_w + rk[None, :],
+                     mask=(rn < N)[:, None] & inside_k[None, :], other=0.0)  # fmt: skip
+    pdl_mod.wait(PDL)  # x, the residual, the temperatures and the seed may come from the kernels before
     if SEED_PTR:
         key = tl.load(seed).to(tl.int32)
     else:
@@ -115,86 +115,27 @@ def _lm_head_sample_kernel(
     t = tl.load(temp_ptr + rm, mask=mask_m, other=0.0)  # (BLOCK_M,)
     sampled = t > 0.0
     t = tl.where(sampled, t, 1.0)
+    x_in = mask_m[:, None] & inside_k[None, :]
+    x = tl.load(x_ptr + rm[:, None] * stride_x + rk[None, :], mask=x_in, other=0.0)  # (BLOCK_M, BLOCK_K)
+    if NORM:  # x = rms_norm(x + residual), rounded as reference.fused_add_rms_norm rounds
+        r = tl.load(r_ptr + rm[:, None] * stride_r + rk[None, :], mask=x_in, other=0.0)
+        h = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=1) / K + eps)  # (BLOCK_M,)
+        h = (h * rstd[:, None]).to(x_ptr.dtype.element_ty)
+        nw = tl.load(nw_ptr + rk, mask=inside_k, other=0.0)
+        x = (nw.to(tl.float32)[None, :] * h.to(tl.float32)).to(x_ptr.dtype.element_ty)
+    xf = x.to(tl.float32)
     best_val = tl.full((BLOCK_M, BLOCK_N), float("-inf"), dtype=tl.float32)
     best_idx = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-    if WHOLE_K:
-        # x read once; each block's W (BLOCK_N x K) is asked for one block ahead, so that a program
-        # keeps a whole block of loads in flight while it multiplies and scores the one before
-        x_at = rm[:, None] * stride_x + rk[None, :]
-        x_in = mask_m[:, None] & inside_k[None, :]
-        x = tl.load(x_ptr + x_at, mask=x_in, other=0.0)  # (BLOCK_M, BLOCK_K)
-        if NORM:  # x = rms_norm(x + residual), rounded as reference.fused_add_rms_norm rounds
-            r = tl.load(r_ptr + rm[:, None] * stride_r + rk[None, :], mask=x_in, other=0.0)
-            h = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty).to(tl.float32)
-            rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=1) / K + eps)  # (BLOCK_M,)
-            h = (h * rstd[:, None]).to(x_ptr.dtype.element_ty)
-            nw = tl.load(nw_ptr + rk, mask=inside_k, other=0.0)
-            x = (nw.to(tl.float32)[None, :] * h.to(tl.float32)).to(x_ptr.dtype.element_ty)
-        xf = x.to(tl.float32)
-        for blk in range(pid, num_blocks, num_programs):
-            w = w_next
-            rn = (blk + num_programs) * BLOCK_N + rows
-            w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * stride_w + rk[None, :]
-            w_next = tl.load(w_ptrs, mask=(rn < N)[:, None] & inside_k[None, :], other=0.0)
-            lg = tl.sum(xf[:, None, :] * w.to(tl.float32)[None, :, :], axis=2).to(x_ptr.dtype.element_ty)
-            best_val, best_idx = _fold_block(
-                lg,
-                blk * BLOCK_N,
-                N,
-                logits_ptr,
-                stride_l,
-                rm,
-                mask_m,
-                key,
-                quads,
-                sampled,
-                t,
-                best_val,
-                best_idx,
-                HAS_LOGITS,
-                BLOCK_M,
-                BLOCK_N,
-            )
-    else:
-        for blk in range(pid, num_blocks, num_programs):
-            off = blk * BLOCK_N
-            rn = off + tl.arange(0, BLOCK_N)
-            mask_n = rn < N
-            w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * stride_w + rk[None, :]  # (BLOCK_N, BLOCK_K)
-            x_ptrs = x_ptr + rm[:, None] * stride_x + rk[None, :]  # (BLOCK_M, BLOCK_K)
-            acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                if EVEN:
-                    w = tl.load(w_ptrs)
-                    x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
-                else:
-                    mask_k = (k0 + rk) < K
-                    w = tl.load(w_ptrs, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-                    x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-                acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-                w_ptrs += BLOCK_K
-                x_ptrs += BLOCK_K
-            lg = tl.sum(acc, axis=2).to(
-                x_ptr.dtype.element_ty
-            )  # (BLOCK_M, BLOCK_N), rounded as the lm_head's
-            best_val, best_idx = _fold_block(
-                lg,
-                off,
-                N,
-                logits_ptr,
-                stride_l,
-                rm,
-                mask_m,
-                key,
-                quads,
-                sampled,
-                t,
-                best_val,
-                best_idx,
-                HAS_LOGITS,
-                BLOCK_M,
-                BLOCK_N,
-            )
+    for blk in range(pid, num_blocks, num_programs):
+        w = w_next
+        rn = (blk + num_programs) * BLOCK_N + rows  # the next block, asked before this one's math
+        w_next = tl.load(w_ptr + rn.to(tl.int64)[:, None] * stride_w + rk[None, :],
+                         mask=(rn < N)[:, None] & inside_k[None, :], other=0.0)  # fmt: skip
+        lg = tl.sum(xf[:, None, :] * w.to(tl.float32)[None, :, :], axis=2).to(x_ptr.dtype.element_ty)
+        best_val, best_idx = _fold_block(lg, blk * BLOCK_N, N, logits_ptr, stride_l, rm, mask_m, key,
+                                         quads, sampled, t, best_val, best_idx, HAS_LOGITS, BLOCK_M,
+                                         BLOCK_N)  # fmt: skip
     top = tl.max(best_val, axis=1)  # (BLOCK_M,)
     idx = tl.min(tl.where(best_val == top[:, None], best_idx, 2147483647), axis=1)
     idx = tl.where(top == float("-inf"), pid * BLOCK_N, idx)  # all -inf: the first index, as argmax
@@ -216,39 +157,30 @@ def _lm_head_sample_kernel(
 
 
 def choose_config(
-    m: int, n: int, k: int, device: torch.device, block_n=None, block_k=None, num_warps=None,
-    num_stages=None, num_programs=None,
-) -> LmHeadConfig:  # fmt: skip
-    """The given values, the rest by default. Interpreter: small tiles and few programs. GPU (H200, bf16,
-    the Qwen3-0.6B lm_head, `python -m kernels.bench --sweep-lm-head`): at M = 1 blocks of 4 whole rows
-    over 2 warps, 8 programs an SM, each asking for its next block before it scores the current one:
-    75.5 us (4.12 TB/s) against 83.3 for F.linear + sample_tokens (the K-stepped tiles: 85 at best). At
-    M = 2 16 x 256 over 4 warps and at M = 3, 4 16 x 128, 4 programs an SM (slower than cuBLAS + the
-    sampler: 105 and 183 us against 85 and 87; not used by the engine)."""
+    m: int, n: int, device: torch.device, block_n=None, num_warps=None, num_programs=None
+) -> LmHeadConfig:
+    """The given values, the rest by default. Interpreter: blocks of 16 rows, 8 programs. GPU (H200,
+    bf16, the Qwen3-0.6B lm_head, `python -m kernels.bench --sweep-lm-head`): at M = 1 blocks of 4 rows
+    over 2 warps, 8 programs an SM: 75.5 us (4.12 TB/s) against 83.3 for F.linear + sample_tokens (the
+    same kernel walking K in steps of 64-512 columns, without the block asked ahead: 85 us at best).
+    M = 2..4: 4 warps, 4 programs an SM (not measured; the engine takes this kernel at M = 1 only)."""
     interp = not recording() and (device.type == "cpu" or interpret_forced())
-    gpu_default = (16, 256, 4) if m == 2 else (16, 128, 4)
-    per_sm = 4
-    if m == 1 and k <= 2048:  # whole rows, the next block asked ahead (WHOLE_K)
-        gpu_default, per_sm = (4, next_pow2(k), 2), 8
     pick = lambda given, default: default if given is None else given
-    block_n = pick(block_n, 16 if interp else gpu_default[0])
-    block_k = pick(block_k, min(64, next_pow2(k)) if interp else gpu_default[1])
-    num_warps = pick(num_warps, 4 if interp else gpu_default[2])
+    block_n = pick(block_n, 16 if interp else 4)
+    num_warps = pick(num_warps, 4 if interp or m > 1 else 2)
     if block_n < 4 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two >= 4 (Philox draws come in fours), got {block_n}")
-    if block_k < 1 or block_k & (block_k - 1):
-        raise ValueError(f"block_k must be a power of two, got {block_k}")
     most = min(triton.cdiv(n, block_n), MAX_PROGRAMS)
     if num_programs is None:
         sms = _sm_count(device) if device.type == "cuda" else 132
-        num_programs = min(most, 8 if interp else per_sm * sms)
+        num_programs = min(most, 8 if interp else (8 if m == 1 else 4) * sms)
     if not 1 <= num_programs <= most:
         raise ValueError(f"num_programs must be in [1, {most}] for block_n {block_n}, got {num_programs}")
-    return LmHeadConfig(block_n, block_k, num_warps, pick(num_stages, 1), num_programs)
+    return LmHeadConfig(block_n, num_warps, num_programs)
 
 
 def lm_head_sample(
-    x: torch.Tensor,  # (M, K), M <= 4; float32/float16/bfloat16
+    x: torch.Tensor,  # (M, K), M <= 4, K <= MAX_K; float32/float16/bfloat16
     weight: torch.Tensor,  # (N, K) in x's dtype
     temperatures: torch.Tensor,  # (M,) float32 on x's device; 0 = greedy
     seed: int | torch.Tensor,  # or a (1,) int64 device tensor holding it (read at run time)
@@ -256,26 +188,21 @@ def lm_head_sample(
     logits_out: torch.Tensor | None = None,  # (M, N) in x's dtype: the logits, as F.linear(x, weight)
     *,
     block_n: int | None = None,
-    block_k: int | None = None,
     num_warps: int | None = None,
-    num_stages: int | None = None,
     num_programs: int | None = None,
     pdl: bool = False,  # launch with programmatic dependent launch where kernels.pdl is enabled
     residual: torch.Tensor | None = None,  # (M, K): the lm_head reads rms_norm(x + residual) ...
     norm: tuple[torch.Tensor, float] | None = None,  # ... with this (K,) weight and eps
 ) -> torch.Tensor:  # (M,) int64: out, or a new tensor
     """sample_tokens(F.linear(x, weight), temperatures, seed) in one launch (CUDA-graph safe); with
-    residual and norm, of F.linear(fused_add_rms_norm(x, residual, *norm)[0], weight) (whole-row
-    blocks only: block_k >= K)."""
+    residual and norm, of F.linear(fused_add_rms_norm(x, residual, *norm)[0], weight)."""
     out = _checked(x, weight, temperatures, seed, out, logits_out)
     (m, k), n = x.shape, weight.shape[0]
-    cfg = choose_config(m, n, k, x.device, block_n, block_k, num_warps, num_stages, num_programs)
+    cfg = choose_config(m, n, x.device, block_n, num_warps, num_programs)
     has_norm = norm is not None
     if has_norm != (residual is not None):
         raise ValueError("residual and norm go together")
     if has_norm:
-        if cfg.block_k < k:
-            raise ValueError(f"a fused norm needs whole-row blocks: block_k >= {k}, got {cfg.block_k}")
         if residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(-1) != 1:
             raise ValueError(f"residual must be {tuple(x.shape)} {x.dtype} with a contiguous last dim")
         if norm[0].shape != (k,) or norm[0].dtype != x.dtype or not norm[0].is_contiguous():
@@ -291,16 +218,17 @@ def lm_head_sample(
         residual.stride(0) if has_norm else 0,
         m, n, k, x.stride(0), weight.stride(0), logits_out.stride(0) if logits_out is not None else 0,
         triton.cdiv(n, cfg.block_n), cfg.num_programs, HAS_LOGITS=logits_out is not None, SEED_PTR=seed_ptr,
-        EVEN=n % cfg.block_n == 0 and k % cfg.block_k == 0, PDL=on, WHOLE_K=cfg.block_k >= k, NORM=has_norm,
-        BLOCK_M=next_pow2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_P=next_pow2(cfg.num_programs),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_mod.launch_kwargs(on),
+        PDL=on, NORM=has_norm, BLOCK_M=next_pow2(m), BLOCK_N=cfg.block_n, BLOCK_K=next_pow2(k),
+        BLOCK_P=next_pow2(cfg.num_programs), num_warps=cfg.num_warps, **pdl_mod.launch_kwargs(on),
     )  # fmt: skip
     return out
 
 
 def _checked(x, weight, temperatures, seed, out, logits_out) -> torch.Tensor:  # (M,) int64: out or new
-    if x.dim() != 2 or x.stride(-1) != 1 or not 1 <= x.shape[0] <= MAX_M:
-        raise ValueError(f"x must be (M <= {MAX_M}, K) with a contiguous last dim, got {tuple(x.shape)}")
+    if x.dim() != 2 or x.stride(-1) != 1 or not 1 <= x.shape[0] <= MAX_M or not 1 <= x.shape[1] <= MAX_K:
+        raise ValueError(
+            f"x must be (M <= {MAX_M}, K <= {MAX_K}) with a contiguous last dim, got {tuple(x.shape)}"
+        )
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"x must be float32, float16 or bfloat16, got {x.dtype}")
     (m, k), dev = x.shape, x.device

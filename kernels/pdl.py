@@ -8,6 +8,9 @@ are visible. At batch 1 a layer is two launches (the fused decode attention and 
 latency-bound: the next launch's start and its first weight requests overlap the end of the one before
 (the attention's split merge on a few SMs, the tail's last stage).
 
+The batch-1 end of a step (kernels.lm_head_sample) can launch with it too, its first weight block
+asked before its wait (kernels.dispatch.LM_HEAD_PDL); it is off: W3 measured slower with it.
+
 Rules every user follows: a kernel launched with `launch_kwargs(True)` waits (`wait`; in the Gluon
 tail, kernels.decode_tail_tma's `_gdc`) before it reads anything an earlier kernel of the step wrote; a
 kernel may call `release` anywhere, since a successor launched without the attribute still starts only

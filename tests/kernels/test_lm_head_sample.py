@@ -43,31 +43,19 @@ def test_tokens_equal_sample_tokens_on_the_logits(dtype, m):
     assert torch.equal(out, got)
 
 
-def test_one_block_per_program_and_one_program_in_all():
-    # N and K multiples of the tiles (the unmasked path); every program count gives the same draw
-    x, w = _inputs(2, 512, 64, torch.float32, seed=5)
-    temps = torch.tensor([0.9, 0.0])
-    logits = torch.empty(2, 512)
-    want = lm_head_sample(x, w, temps, 77, logits_out=logits, block_n=16, block_k=32, num_programs=32)
-    assert torch.equal(want, sample_tokens(logits, temps, 77))
-    for programs in (1, 3):
-        assert torch.equal(
-            lm_head_sample(x, w, temps, 77, block_n=16, block_k=32, num_programs=programs), want
-        )
-    # blocks of 4 rows: one Philox counter a block
-    assert torch.equal(lm_head_sample(x, w, temps, 77, block_n=4, block_k=64, num_programs=7, pdl=True), want)
-
-
-@pytest.mark.parametrize(("n", "k", "programs"), [(512, 64, 5), (1003, 96, 8), (1003, 96, 1)])
-def test_whole_rows_asked_a_block_ahead(n, k, programs):
-    # block_k >= K: x read once, each block's rows loaded while the previous block is scored (the
-    # last prefetch runs past N, masked); the same draw as sample_tokens on the logits it writes
+@pytest.mark.parametrize(("n", "k", "programs"), [(512, 64, 5), (1003, 96, 8), (1003, 96, 1), (512, 64, 32)])
+def test_every_program_count_gives_the_same_draw(n, k, programs):
+    # each program walks its blocks, the next asked before the current is scored (the last request runs
+    # past N, masked); K below its power of two is masked too: the same draw as sample_tokens on the
+    # logits it writes, whatever the number of programs and the block size
     x, w = _inputs(2, n, k, torch.float32, seed=9)
     temps = torch.tensor([0.0, 1.1])
     logits = torch.empty(2, n)
-    got = lm_head_sample(x, w, temps, 5, logits_out=logits, block_n=8, block_k=128, num_programs=programs)
+    got = lm_head_sample(x, w, temps, 5, logits_out=logits, block_n=8, num_programs=programs)
     assert torch.equal(got, sample_tokens(logits, temps, 5))
     assert torch.allclose(logits, x @ w.T, rtol=1e-5, atol=1e-5)
+    # blocks of 4 rows: one Philox counter a block
+    assert torch.equal(lm_head_sample(x, w, temps, 5, block_n=4, num_programs=7, pdl=True), got)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -122,7 +110,7 @@ BAD = [
     ("logits_out must be", dict(logits_out=torch.zeros(2, 40, dtype=torch.float16))),
     ("block_n must be", dict(block_n=2)),
     ("block_n must be", dict(block_n=12)),
-    ("block_k must be", dict(block_k=48)),
+    ("x must be", dict(x=torch.zeros(2, 4097), weight=torch.zeros(40, 4097))),  # K > MAX_K
     ("num_programs must be", dict(num_programs=0)),
     ("num_programs must be", dict(block_n=8, num_programs=6)),  # 5 blocks of 8 rows
 ]
@@ -169,14 +157,12 @@ def test_fused_final_norm(dtype):
     residual, nw = _inputs(2, 96, 96, dtype, seed=12)[0], torch.rand(96).to(dtype) + 0.5
     temps = torch.tensor([0.0, 0.8])
     logits = torch.empty(2, 1003, dtype=dtype)
-    got = lm_head_sample(x, w, temps, 3, logits_out=logits, block_n=8, block_k=128, num_programs=8,
+    got = lm_head_sample(x, w, temps, 3, logits_out=logits, block_n=8, num_programs=8,
                          residual=residual, norm=(nw, 1e-6))  # fmt: skip
     assert torch.equal(got, sample_tokens(logits, temps, 3))
     normed = ref.fused_add_rms_norm(x, residual, nw, 1e-6)[0]
     want = (normed.float() @ w.float().T).to(dtype)
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     assert torch.allclose(logits.float(), want.float(), rtol=tol, atol=tol)
-    with pytest.raises(ValueError, match="whole-row"):
-        lm_head_sample(x, w, temps, 3, block_k=32, residual=residual, norm=(nw, 1e-6))
     with pytest.raises(ValueError, match="go together"):
-        lm_head_sample(x, w, temps, 3, block_k=128, residual=residual)
+        lm_head_sample(x, w, temps, 3, residual=residual)
