@@ -89,6 +89,13 @@ class _TokenGraphs:
 # reads those still in flight. H200, one machine session each pair: W3 (batch 1) 1,255 / 1,273 tok/s
 # against 1,245 without; W1 (batch 32) 20,207 against 20,455 without, hence small batches only.
 STEP_GRAPH_MAX_SIZE = 8
+# Step graphs exchange a step with the host through pinned memory the device reads and writes itself:
+# the host writes the step's inputs into a ring row that the graph's first launch reads
+# (kernels.step_inputs.mapped_step_inputs), and the graph's last launch writes the tokens into a ring
+# row that the host reads once the replay's event fired (kernels.publish). No copies run around the
+# replay (W3's two uploads and the tokens' copy: ~17 us a step). Off until measured on the H200.
+MAPPED_IO = False
+MAPPED_SLOTS = 4  # the host reads replay k's tokens before it launches replay k + 2
 
 
 class DecodeGraphs(_TokenGraphs):
@@ -129,8 +136,20 @@ class DecodeGraphs(_TokenGraphs):
         self.step_graphs = {}
         samples = sample_seed is not None
         self.step_sizes = [s for s in self.sizes if s <= STEP_GRAPH_MAX_SIZE and samples]
+        self.host_ring = None  # MAPPED_IO: (MAPPED_SLOTS, n) pinned int64, the step graphs' tokens
+        if MAPPED_IO and self.step_sizes:
+            pinned = device.type == "cuda"
+            ring = lambda width, dtype: torch.zeros((MAPPED_SLOTS, width), dtype=dtype, pin_memory=pinned)
+            self.host_ring = ring(n, torch.int64)
+            self.host64, self.host32 = ring(4 * n + 4, torch.int64), ring(n + n * max_blocks, torch.int32)
+            self.published = torch.zeros(1, dtype=torch.int64, device=device)  # replays, on the device
+            # recorded after the last replay that read each input row (a never recorded event is done)
+            self.slot_events = [torch.cuda.Event() for _ in range(MAPPED_SLOTS)] if pinned else None
         if self.step_sizes:
             self.step_graphs = capture_ladder(self.step_sizes, self._step, "capturing sampling graphs")
+        if self.host_ring is not None:
+            self.published.zero_()  # the captures' own runs counted: host and device start again
+        self.step_replays = 0
 
     def finish_inputs(self, size: int) -> None:
         """What every graph launches first (kernels.step_inputs)."""
@@ -139,8 +158,12 @@ class DecodeGraphs(_TokenGraphs):
     def _forward(self, bs: int) -> torch.Tensor:
         return self.model.compute_logits(self._hidden(bs))
 
-    def _hidden(self, bs: int, final_norm: bool = True):
-        self.finish_inputs(bs)
+    def _hidden(self, bs: int, final_norm: bool = True, mapped: bool = False):
+        if mapped:
+            ops.mapped_step_inputs(self.host64, self.host32, self.published, self.inputs64, self.seq_lens,
+                                   self.block_tables, self.tokens, bs)  # fmt: skip
+        else:
+            self.finish_inputs(bs)
         meta = AttentionMetadata(
             slot_mapping=self.slot_mapping[:bs],
             num_decodes=bs,
@@ -153,11 +176,13 @@ class DecodeGraphs(_TokenGraphs):
         return self.model(self.input_ids[:bs], self.positions[:bs], self.kv_caches, meta, final_norm)
 
     def _step(self, bs: int) -> torch.Tensor:
-        x, residual = self._hidden(bs, final_norm=False)
+        x, residual = self._hidden(bs, final_norm=False, mapped=self.host_ring is not None)
         norm, tokens = self.model.norm, self.tokens[:bs]
         head = self.model.logits_weight
         ops.lm_head_sample(x, residual, norm.weight, norm.eps, head, self.temps[:bs], self.seed, tokens)
         self.seed.add_(1)
+        if self.host_ring is not None:
+            ops.publish_tokens(tokens, self.host_ring, self.published)
         return tokens
 
     def static_output(self, logits: torch.Tensor) -> torch.Tensor | None:
@@ -185,16 +210,33 @@ class DecodeGraphs(_TokenGraphs):
         self,
         bs: int,
         temps: torch.Tensor,  # (bs,) float32 on the device, 0 = greedy
-    ) -> torch.Tensor:  # (bs,) int64 sampled ids: the leading entries of `tokens`
-        """Replays the step graph of the size bs pads to: forward and sampling. The tokens stay valid
-        until the next replay of any step graph: what reads them is queued before it."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Replays the step graph of the size bs pads to: forward and sampling. Returns the (bs,) int64
+        sampled ids (the leading entries of `tokens`), valid until the next replay of any step graph
+        (what reads them is queued before it), and with MAPPED_IO their row of the pinned host
+        ring, filled once the replay has run (the host reads it before its next-but-one replay)."""
         if temps is not self._temps_src:  # a steady batch keeps its temperatures: no copy
             self.temps[:bs].copy_(temps)
             self._temps_src = temps
         size = padded_size(self.step_sizes, bs)
         assert size is not None
         self.step_graphs[size][0].replay()
-        return self.tokens[:bs]
+        host = None
+        if self.host_ring is not None:
+            at = self.step_replays % MAPPED_SLOTS
+            host = self.host_ring[at, :bs]
+            if self.slot_events is not None:
+                self.slot_events[at].record()
+        self.step_replays += 1
+        return self.tokens[:bs], host
+
+    def mapped_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next step replay's input rows of the pinned rings ((4n + 4,) int64, (n + n * max_blocks,)
+        int32), once the replay that last read them has run (normally long ago)."""
+        at = self.step_replays % MAPPED_SLOTS
+        if self.slot_events is not None:
+            self.slot_events[at].synchronize()
+        return self.host64[at], self.host32[at]
 
 
 def default_extend_sizes(max_tokens: int) -> list[int]:

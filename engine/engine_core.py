@@ -230,8 +230,9 @@ class EngineCore:
         # sampling waits for the previous tokens only when a row reads them on the host
         late = prev is not None and any(s.needs_host_tokens for s in seqs)
         launched = self._sample(logits, seqs) if logits is not None and not late else None
-        if tokens is not None:
-            launched = self._launched(seqs, self._reserve(seqs), tokens, None, [None] * len(seqs))
+        if tokens is not None:  # (ids on the device, their pinned host row or None)
+            ids, host = tokens
+            launched = self._launched(seqs, self._reserve(seqs), ids, None, [None] * len(seqs), host)
         if prev is not None:
             outputs += self._finish(prev)  # waits only for the previous step's tokens
         if logits is not None and late:
@@ -295,12 +296,16 @@ class EngineCore:
                 seq.done_scheduling = True  # its last token is in flight
         return positions
 
-    def _launched(self, seqs, positions, token_ids, raw, top) -> _InFlight:
+    def _launched(self, seqs, positions, token_ids, raw, top, host=None) -> _InFlight:
+        """host: a pinned row the device fills itself (a step graph's published tokens), else a copy
+        to the host is queued."""
         lps = logprob_tensors(raw, token_ids, top) if raw is not None else None
-        host = token_ids
         event = None
-        if token_ids.device.type == "cuda":
-            host = _to_host(token_ids)
+        if token_ids.device.type != "cuda":
+            host = token_ids if host is None else host
+        else:
+            if host is None:
+                host = _to_host(token_ids)
             if lps is not None:
                 lps = LogprobTensors(*(_to_host(t) for t in lps))
             event = torch.cuda.Event()

@@ -12,7 +12,7 @@ import torch
 from engine.attention import AttentionMetadata
 from engine.block_tables import BlockTables
 from engine.config import EngineConfig
-from engine.host import Staging
+from engine.host import Staging, host_to_device
 from engine.scheduler import ScheduledBatch
 from engine.sequence import PENDING
 
@@ -80,13 +80,18 @@ class ModelRunner:
         return int(blocks)
 
     def prepare(
-        self, batch: ScheduledBatch, pending: torch.Tensor | None = None, defer_pending: bool = False
+        self,
+        batch: ScheduledBatch,
+        pending: torch.Tensor | None = None,
+        defer_pending: bool = False,
+        mapped: bool = False,
     ) -> StepInputs:
         """The step's tensors, moved in one host-to-device copy per dtype. Decodes (one token each,
         the last of their sequence) are built a column at a time with numpy; block tables come from
         a host copy that only learns the blocks gained since the last step. Tokens still in flight
         come from `pending` (the previous step's sampled ids on the device); with defer_pending they
-        are filled in later by `run` (the previous step's sampling is not launched yet)."""
+        are filled in later by `run` (the previous step's sampling is not launched yet). mapped: a step
+        for a step graph that reads its inputs from pinned memory (cuda_graphs.MAPPED_IO)."""
         if self._staging is None:
             self._tables = BlockTables(2 * self.config.max_num_seqs)
             self._staging = Staging(self.device)
@@ -106,6 +111,8 @@ class ModelRunner:
         if self._decode_graph_takes(len(seqs), bool(pre)):
             tables = table[rows, : int(num_blocks.max())]  # (nd, width)
             graph_step = (d_ids, d_pos, d_slots, pend_at, pend_rows, tables)
+            if mapped:
+                return self._prepare_mapped_step(*graph_step, pending)
             return self._prepare_graph_step(*graph_step, pending, defer_pending)
         sample_rows = list(range(nd))  # rows of the step's tokens whose logits are sampled
         sampling = list(range(nd))  # ... and the batch positions of their sequences
@@ -234,6 +241,55 @@ class ModelRunner:
             _fill_pending(step, pending)
         return step
 
+    def _prepare_mapped_step(
+        self,
+        ids: np.ndarray,  # (nd,) int64 (PENDING where still on the device)
+        pos: np.ndarray,  # (nd,) int64
+        slots: np.ndarray,  # (nd,) int64
+        pend_at: np.ndarray,  # (k,) batch positions of the tokens in flight
+        pend_rows: np.ndarray,  # (k,) their rows in the previous step's sampled ids
+        tables: np.ndarray,  # (nd, width) int32
+        pending: torch.Tensor | None,
+    ) -> StepInputs:
+        """A decode step that a step graph reading pinned memory runs: written straight into the graph's
+        next input row (DecodeGraphs.mapped_inputs), which its first launch moves into the static inputs;
+        an id in flight is marked with its row in the previous tokens, read from the graph's `tokens`
+        (copied there first when the previous step's draw is elsewhere). No copy to the device."""
+        g = self.graphs
+        n, nd = g.sizes[-1], ids.size
+        width = tables.shape[1]
+        h64, h32 = (t.numpy() for t in g.mapped_inputs())
+        if pend_at.size:
+            if pending is None:
+                raise RuntimeError("a scheduled token is still in flight but no previous step was given")
+            if pending.data_ptr() != g.tokens.data_ptr():  # the previous draw came from elsewhere
+                if pending.shape[0] <= n:
+                    g.tokens[: pending.shape[0]].copy_(pending)
+                else:  # only the rows in flight, renumbered
+                    rows = host_to_device(pend_rows.tolist(), torch.int64, self.device)
+                    g.tokens[: pend_rows.size].copy_(pending.index_select(0, rows))
+                    pend_rows = np.arange(pend_rows.size, dtype=np.int64)
+        h64[:nd], h64[n : n + nd] = ids, pos
+        h64[2 * n : 4 * n] = -1  # slots past the batch write nothing; src -1: no id in flight
+        h64[2 * n : 2 * n + nd] = slots
+        h64[3 * n + pend_at] = pend_rows
+        h64[4 * n : 4 * n + 2] = (nd, width)
+        h32[:n] = 0
+        h32[:nd] = pos + 1
+        h32[n : n + nd * width] = tables.reshape(-1)
+        meta = AttentionMetadata(
+            slot_mapping=g.slot_mapping[:nd],
+            num_decodes=nd,
+            decode_block_tables=torch.from_numpy(tables),  # (the graph reads its own table)
+            decode_seq_lens=g.seq_lens[:nd],
+            decode_max_seq_len=int(pos.max()) + 1,
+            prefill_block_tables=None,
+            prefill_cu_seqlens_q=None,
+            prefill_seq_lens=None,
+        )
+        rows = g.sample_rows[:nd]
+        return StepInputs(g.input_ids[:nd], g.positions[:nd], meta, rows, list(range(nd)), None, True)
+
     def static_logits(self, logits: torch.Tensor | None) -> torch.Tensor | None:
         """The decode graph output buffer that `logits` (run's result) is the leading rows of, else None."""
         return None if self.graphs is None or logits is None else self.graphs.static_output(logits)
@@ -241,13 +297,16 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(
         self, batch: ScheduledBatch, pending: torch.Tensor | None = None, temps: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor | None, list[int], torch.Tensor | None]:
+    ) -> tuple[torch.Tensor | None, list[int], tuple | None]:
         """Runs one step; returns (logits (num_sampling, vocab) in the model's dtype, the batch indices
         that sample, None), or with `temps` ((batch,) float32 on the device: the engine lets the graph
-        sample) for a step that a step graph takes (None, the batch indices, (batch,) sampled ids)."""
-        step = self.prepare(batch, pending)
+        sample) for a step that a step graph takes (None, the batch indices, ((batch,) sampled ids,
+        their pinned host row or None))."""
         bs = len(batch.seqs)
-        if temps is not None and step.in_graph and self.graphs.samples(bs):
+        sampled = temps is not None and self.samples_in_graph(batch)
+        # MAPPED_IO: the step graphs read their inputs from pinned memory
+        step = self.prepare(batch, pending, mapped=sampled and self.graphs.host_ring is not None)
+        if sampled and step.in_graph:
             return None, step.sampling, self.run_sampled(bs, temps)
         return (*self.run(batch, step), None)
 
@@ -256,8 +315,9 @@ class ModelRunner:
         bs = len(batch.seqs)
         return self.graphs is not None and batch.num_decodes == bs and self.graphs.samples(bs)
 
-    def run_sampled(self, bs: int, temps: torch.Tensor) -> torch.Tensor:
-        """A prepared decode step's forward and sampling, one step-graph replay: (bs,) int64 ids."""
+    def run_sampled(self, bs: int, temps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A prepared decode step's forward and sampling, one step-graph replay: the (bs,) int64 ids on
+        the device and, when the graph writes them to the host itself, their pinned host row."""
         return self.graphs.run_step(bs, temps)
 
     @torch.inference_mode()

@@ -429,6 +429,39 @@ def lm_head_sample(
     return sample_tokens(linear(hidden, weight), temperatures, seed, out=out)
 
 
+def publish_tokens(
+    tokens: torch.Tensor,  # (size,) int64 on the device
+    ring: torch.Tensor,  # (slots, n) int64, pinned host memory on CUDA
+    counter: torch.Tensor,  # (1,) int64 beside tokens: launches so far
+) -> None:
+    """tokens into row counter % slots of the host ring, written by the device (kernels.publish)."""
+    if use_triton(tokens):
+        from kernels.publish import publish_tokens as triton_publish
+
+        triton_publish(tokens, ring, counter)
+    else:
+        ref.publish_tokens(tokens, ring, counter)
+
+
+def mapped_step_inputs(
+    host64: torch.Tensor,  # (slots, 4n + 4) int64, pinned on CUDA
+    host32: torch.Tensor,  # (slots, n + n * max_blocks) int32, pinned on CUDA
+    counter: torch.Tensor,  # (1,) int64 on the device: the ring row is counter % slots
+    head: torch.Tensor,  # (>= 3n,) int64: [ids | positions | slots]
+    lens: torch.Tensor,  # (n,) int32
+    table: torch.Tensor,  # (n, max_blocks) int32
+    tokens: torch.Tensor,  # (n,) int64: the previous step's sampled ids
+    size: int,  # the captured batch
+) -> None:
+    """A step graph's first launch reading the step from pinned host memory (kernels.step_inputs)."""
+    if use_triton(head):
+        from kernels.step_inputs import mapped_step_inputs as triton_mapped
+
+        triton_mapped(host64, host32, counter, head, lens, table, tokens, size)
+    else:
+        ref.mapped_step_inputs(host64, host32, counter, head, lens, table, tokens, size)
+
+
 def decode_step_inputs(
     head: torch.Tensor,  # (5n + 4,) int64: [ids | positions | slots | k, rows, width, 0 | at (k) | src (k)]
     packed: torch.Tensor,  # (n + rows * width,) int32: [lengths | the rows' block tables]

@@ -291,6 +291,42 @@ def decode_step_inputs(
     table[:rows, :width] = packed[n : n + rows * width].view(rows, width)
 
 
+def mapped_step_inputs(
+    host64: torch.Tensor,  # (slots, 4n + 4) int64: [ids | positions | slots | src | rows, width, 0, 0]
+    host32: torch.Tensor,  # (slots, n + n * max_blocks) int32: [lengths | the rows' tables]
+    counter: torch.Tensor,  # (1,) int64: the ring row is counter % slots
+    head: torch.Tensor,  # (>= 3n,) int64: [ids | positions | slots]
+    lens: torch.Tensor,  # (n,) int32
+    table: torch.Tensor,  # (n, max_blocks) int32
+    tokens: torch.Tensor,  # (n,) int64: the previous step's sampled ids
+    size: int,
+) -> None:
+    """Rows 0..size-1 of a step written by the host into a ring row, moved into the graph's inputs;
+    ids marked in flight (src >= 0) taken from tokens."""
+    n = table.shape[0]
+    h64, h32 = host64[int(counter[0]) % host64.shape[0]], host32[int(counter[0]) % host32.shape[0]]
+    src = h64[3 * n : 3 * n + size]
+    ids = h64[:size].clone()
+    flight = src >= 0
+    ids[flight] = tokens[src[flight]]
+    head[:size] = ids
+    head[n : n + size], head[2 * n : 2 * n + size] = h64[n : n + size], h64[2 * n : 2 * n + size]
+    lens[:size] = h32[:size]
+    rows, width = int(h64[4 * n]), int(h64[4 * n + 1])
+    table[:rows, :width] = h32[n : n + rows * width].view(rows, width)
+
+
+def publish_tokens(
+    tokens: torch.Tensor,  # (size,) int64
+    ring: torch.Tensor,  # (slots, n) int64 host buffer
+    counter: torch.Tensor,  # (1,) int64: launches so far
+) -> None:
+    """tokens into row counter % slots of the ring; the counter advances."""
+    c = int(counter[0])
+    ring[c % ring.shape[0], : tokens.shape[0]] = tokens.to(ring.device)
+    counter += 1
+
+
 def sample_tokens(
     logits: torch.Tensor,  # (batch, vocab)
     temperatures: torch.Tensor,  # (batch,) float32; 0 = greedy

@@ -7,6 +7,12 @@ The host packs a step of `rows` sequences into the graph's static buffers (engin
 n is the largest captured batch. Program r copies row r of the packed tables into the graph's
 (n, max_blocks) block table (r < rows); program 0 also writes the k tokens still in flight, the
 previous step's sampled ids: ids[at[i]] = tokens[src[i]].
+
+With engine.cuda_graphs.MAPPED_IO a step graph skips the uploads: the host writes the step into a row
+of a pinned ring, [ids | positions | slots | src (n each; src = the row of an in-flight id in tokens,
+else -1) | rows, width, 0, 0] (int64) and [lengths | tables] (int32), and `mapped_step_inputs` reads
+it over PCIe, the row named by a device counter that the graph's last launch advances
+(kernels.publish).
 """
 
 from __future__ import annotations
@@ -64,3 +70,71 @@ def decode_step_inputs(
     _step_inputs_kernel[(size,)](
         head, packed, table, tokens, n, max_blocks, BLOCK_K=next_pow2(n), BLOCK_W=128, num_warps=1
     )
+
+
+@kernel
+def _mapped_inputs_kernel(
+    host64_ptr,  # (slots, 4n + 4) int64 pinned: [ids | positions | slots | src | rows, width, 0, 0]
+    host32_ptr,  # (slots, n + n * max_blocks) int32 pinned: [lengths | the rows' tables, rows x width]
+    counter_ptr,  # (1,) int64 on the device: the ring row of this launch is counter % slots
+    head_ptr,  # (3n + ...) int64 on the device: [ids | positions | slots]
+    lens_ptr,  # (n,) int32 on the device
+    table_ptr,  # (n, max_blocks) int32, contiguous
+    tokens_ptr,  # (n,) int64: the previous step's sampled ids
+    n,
+    max_blocks,
+    stride64,
+    stride32,
+    SLOTS: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    r = tl.program_id(0)
+    at = tl.load(counter_ptr) % SLOTS
+    h64 = host64_ptr + at * stride64
+    h32 = host32_ptr + at * stride32
+    src = tl.load(h64 + 3 * n + r)
+    tok = tl.load(h64 + r)
+    if src >= 0:  # still in flight: the previous step's draw
+        tok = tl.load(tokens_ptr + src)
+    tl.store(head_ptr + r, tok)
+    tl.store(head_ptr + n + r, tl.load(h64 + n + r))
+    tl.store(head_ptr + 2 * n + r, tl.load(h64 + 2 * n + r))
+    tl.store(lens_ptr + r, tl.load(h32 + r))
+    if r < tl.load(h64 + 4 * n):
+        width = tl.load(h64 + 4 * n + 1)
+        src_row = h32 + n + r * width
+        dst_row = table_ptr + r * max_blocks
+        for j in range(0, width, BLOCK_W):
+            c = j + tl.arange(0, BLOCK_W)
+            inside = c < width
+            tl.store(dst_row + c, tl.load(src_row + c, mask=inside), mask=inside)
+
+
+def mapped_step_inputs(
+    host64: torch.Tensor,  # (slots, 4n + 4) int64, pinned on CUDA
+    host32: torch.Tensor,  # (slots, n + n * max_blocks) int32, pinned on CUDA
+    counter: torch.Tensor,  # (1,) int64 on the device
+    head: torch.Tensor,  # (>= 3n,) int64 on the device
+    lens: torch.Tensor,  # (n,) int32 on the device
+    table: torch.Tensor,  # (n, max_blocks) int32
+    tokens: torch.Tensor,  # (n,) int64
+    size: int,  # the captured batch: rows 0..size-1 are written
+) -> None:
+    """A step graph's first launch when the host writes the step straight into pinned memory (matches
+    reference.mapped_step_inputs): row r of the ids, positions, slots and lengths (the id from
+    `tokens` where the host marked it in flight) and, for r < rows, its block-table row."""
+    from kernels.publish import Mapped
+
+    n, max_blocks = table.shape
+    if host64.shape[1:] != (4 * n + 4,) or host32.shape[1:] != (n + n * max_blocks,):
+        raise ValueError(
+            f"host rings must be (slots, {4 * n + 4}) int64 and (slots, {n + n * max_blocks}) int32"
+        )
+    if host64.shape[0] != host32.shape[0] or not (host64.is_contiguous() and host32.is_contiguous()):
+        raise ValueError("host rings must be contiguous, with as many rows each")
+    on_gpu = head.device.type == "cuda"
+    h64, h32 = (Mapped(host64), Mapped(host32)) if on_gpu else (host64, host32)
+    _mapped_inputs_kernel[(size,)](
+        h64, h32, counter, head, lens, table, tokens, n, max_blocks, host64.stride(0), host32.stride(0),
+        SLOTS=host64.shape[0], BLOCK_W=128, num_warps=1,
+    )  # fmt: skip

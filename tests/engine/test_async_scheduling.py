@@ -281,7 +281,7 @@ def test_steps_whose_graph_samples_give_the_same_tokens(tiny_qwen3):
             return logits, sampling, tokens
         assert logits is not None and temps.tolist() == [0.0] * len(sampling)
         taken.append(len(sampling))
-        return None, sampling, logits.argmax(dim=-1)
+        return None, sampling, (logits.argmax(dim=-1), None)
 
     runner.execute = sampled_in_graph
     ps = prompts(7)

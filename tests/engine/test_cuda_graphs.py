@@ -87,8 +87,9 @@ def test_step_graphs_sample_into_tokens(monkeypatch):
     assert dec.seed.item() == 3 + 4
     temps = torch.tensor([0.0])
     dec.tokens.fill_(9)
-    out = dec.run_step(1, temps)
+    out, host = dec.run_step(1, temps)
     assert out.data_ptr() == dec.tokens.data_ptr() and replays[-1] == dec.step_graphs[1][0].name
+    assert host is None and dec.host_ring is None  # MAPPED_IO off
     assert dec.temps[0].item() == 0.0
     dec.temps.fill_(5.0)
     dec.run_step(1, temps)  # the same temperatures tensor: not copied again
@@ -111,3 +112,27 @@ def test_extend_graph_inputs_are_loaded_and_padded(monkeypatch):
         and ext.slot_mapping[20:].tolist() == [-1] * 12
     )
     assert ext.last_row.item() == 19 and ext.seq_len.tolist() == [120] and ext.replays == 1
+
+
+def test_step_graphs_publish_their_tokens_to_a_host_ring(monkeypatch):
+    # with MAPPED_IO the step graph's last launch writes its tokens into row `count % slots` of a
+    # host ring (kernels.publish, its reference here); run_step hands out the row of its replay. The
+    # stubbed replay runs nothing, so each step runs the graph's launches first (_step), with a draw
+    # that writes a known value
+    stub_graphs(monkeypatch)
+    monkeypatch.setattr(cuda_graphs, "MAPPED_IO", True)
+    draw = {"value": 0}
+    monkeypatch.setattr(cuda_graphs.ops, "lm_head_sample", lambda *a: a[-1].fill_(draw["value"]))
+    dec = cuda_graphs.DecodeGraphs(Model(), [], [1, 2], 6, torch.device("cpu"), sample_seed=3)
+    assert dec.host_ring.shape == (cuda_graphs.MAPPED_SLOTS, 2) and dec.published.item() == 0
+    rows = []
+    for step in range(6):
+        draw["value"] = 10 + step
+        dec.mapped_inputs()  # the row prepare writes (tests/engine/test_prepare.py)
+        dec._step(2)
+        _, host = dec.run_step(2, torch.zeros(2))
+        rows.append(host)
+        assert host.tolist() == [10 + step] * 2  # this replay's tokens, in its own row
+    assert dec.published.item() == 6 and dec.step_replays == 6
+    assert [r.data_ptr() for r in rows[:4]] == [dec.host_ring[i].data_ptr() for i in range(4)]
+    assert rows[4].data_ptr() == rows[0].data_ptr()  # the ring wraps

@@ -251,3 +251,23 @@ def test_step_graphs_sample_plain_decode_steps(ckpt):
     with_lp = [GREEDY] * 5 + [SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True, logprobs=2)]
     out = llm.generate(ps, with_lp)
     assert [o.token_ids for o in out] == want and not replays and len(out[5].outputs[0].logprobs) == NEW
+
+
+def test_step_graphs_exchange_steps_through_pinned_memory(ckpt, monkeypatch):
+    """With engine.cuda_graphs.MAPPED_IO the step graph's first launch reads the step from pinned host
+    memory and its last launch writes the tokens there (kernels.step_inputs, kernels.publish): the same
+    float32 greedy tokens as the engine without step graphs, over more steps than the rings have rows,
+    batches shrinking as requests of several lengths end."""
+    from engine import cuda_graphs
+
+    monkeypatch.setattr(cuda_graphs, "MAPPED_IO", True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ps = prompts()[:6]
+    params = [SamplingParams(temperature=0.0, max_tokens=8 + 5 * i, ignore_eos=True) for i in range(6)]
+    kw = dict(dtype="float32", max_model_len=1024, max_num_seqs=8, num_kv_blocks=1024)
+    want = [o.token_ids for o in LLM(ckpt, sampler_graphs=False, **kw).generate(ps, params)]
+    llm = LLM(ckpt, **kw)
+    graphs = llm.core.runner.graphs
+    assert graphs.host_ring is not None and graphs.host_ring.is_pinned() and graphs.host64.is_pinned()
+    assert [o.token_ids for o in llm.generate(ps, params)] == want
+    assert graphs.step_replays >= 30 and graphs.published.item() == graphs.step_replays

@@ -55,25 +55,42 @@ def expected(batch, bs: int, pending: torch.Tensor | None) -> dict:
     return out
 
 
-def graph_runner(block_size: int, max_num_seqs: int, monkeypatch) -> ModelRunner:
+def graph_runner(block_size: int, max_num_seqs: int, monkeypatch, mapped: bool = False) -> ModelRunner:
     """bare_runner with decode graphs for batch sizes 1, 2 and 4 (CUDA's graph API stubbed: a replay
-    only records itself), so prepare writes decode-only steps into their static buffers."""
+    only records itself), so prepare writes decode-only steps into their static buffers; mapped: with
+    step graphs that read their inputs from host rings (cuda_graphs.MAPPED_IO)."""
     from engine import cuda_graphs
     from tests.engine.graph_stubs import Model, stub_graphs
 
     stub_graphs(monkeypatch)
+    monkeypatch.setattr(cuda_graphs, "MAPPED_IO", mapped)
     runner = bare_runner(block_size, max_num_seqs)
-    runner.graphs = cuda_graphs.DecodeGraphs(Model(), [], [1, 2, 4], 16, torch.device("cpu"))
+    seed = 0 if mapped else None
+    runner.graphs = cuda_graphs.DecodeGraphs(Model(), [], [1, 2, 4], 16, torch.device("cpu"), seed)
     return runner
 
 
-@pytest.mark.parametrize("graphs", [False, True])
-def test_prepare_matches_the_per_token_rule(graphs, monkeypatch):
-    """With decode graphs, decode-only batches they take are prepared into their static buffers."""
+def _mapped_launch(g) -> None:
+    """What a mapped step graph runs around its forward: the input launch, then the replay counted
+    (device and host), as kernels.publish and run_step do."""
+    from kernels import dispatch as ops
+
+    ops.mapped_step_inputs(
+        g.host64, g.host32, g.published, g.inputs64, g.seq_lens, g.block_tables, g.tokens, 4
+    )
+    g.published += 1
+    g.step_replays += 1
+
+
+@pytest.mark.parametrize("mode", ["eager", "graphs", "mapped"])
+def test_prepare_matches_the_per_token_rule(mode, monkeypatch):
+    """With decode graphs, decode-only batches they take are prepared into their static buffers; with
+    mapped step graphs into a host ring row that the graph's first launch moves in."""
     rng = random.Random(0)
     bs = 4
+    graphs = mode != "eager"
     sched = Scheduler(BlockManager(num_blocks=40, block_size=bs), max_num_seqs=8, max_num_batched_tokens=24)
-    runner = graph_runner(bs, 8, monkeypatch) if graphs else bare_runner(bs, 8)
+    runner = graph_runner(bs, 8, monkeypatch, mode == "mapped") if graphs else bare_runner(bs, 8)
     in_graph = 0
     sampled: torch.Tensor | None = None  # the previous step's sampled ids
     inflight: list[tuple[Sequence, int, int]] = []  # (seq, position, row in sampled)
@@ -87,16 +104,22 @@ def test_prepare_matches_the_per_token_rule(graphs, monkeypatch):
             continue
         steps += 1
         want = expected(batch, bs, sampled)
-        step_inputs = runner.prepare(batch, sampled)
+        mapped = mode == "mapped" and runner._decode_graph_takes(
+            len(batch.seqs), batch.num_decodes < len(batch.seqs)
+        )
+        step_inputs = runner.prepare(batch, sampled, mapped=mapped)
         ids, pos, meta, rows_t, sampling = step_inputs[:5]
         if step_inputs.in_graph:  # a decode-only batch of <= 4: the graph's buffers, padded to 4
             in_graph += 1
             g, nd = runner.graphs, len(batch.seqs)
+            if mapped:
+                _mapped_launch(g)
+            else:
+                g.finish_inputs(4)  # what each decode graph launches first
             assert ids.data_ptr() == g.input_ids.data_ptr() and meta.num_decodes == nd
             assert g.slot_mapping[nd:].tolist() == [-1] * (4 - nd)
             assert g.seq_lens[nd:].tolist() == [0] * (4 - nd)
             assert meta.decode_seq_lens.data_ptr() == g.seq_lens.data_ptr()
-            g.finish_inputs(4)  # what each decode graph launches first
             assert g.block_tables[:nd, : meta.decode_block_tables.shape[1]].tolist() == want["dec_table"]
         assert ids.tolist() == want["ids"] and pos.tolist() == want["pos"]
         assert meta.slot_mapping.tolist() == want["slots"]

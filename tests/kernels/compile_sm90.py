@@ -111,7 +111,16 @@ def _launches(dtype: torch.dtype):
             # a step graph's end at batch 1: the final norm fused, launched with PDL
             seed = torch.tensor([7])
             lm_head_sample(hidden, head, torch.zeros(1), seed, pdl=True, residual=hidden, norm=(w, 1e-6))
-            from kernels.step_inputs import decode_step_inputs
+            from kernels.publish import publish_tokens
+
+            publish_tokens(torch.zeros(4, dtype=torch.int64), torch.zeros((4, 8), dtype=torch.int64), seed)
+            from kernels.step_inputs import decode_step_inputs, mapped_step_inputs
+
+            ring64 = torch.zeros((4, 36), dtype=torch.int64)
+            ring32 = torch.zeros((4, 8 + 8 * 256), dtype=torch.int32)
+            mapped_step_inputs(ring64, ring32, seed, torch.zeros(44, dtype=torch.int64),
+                               torch.zeros(8, dtype=torch.int32), torch.zeros((8, 256), dtype=torch.int32),
+                               torch.zeros(8, dtype=torch.int64), 4)  # fmt: skip
 
             table, tokens = torch.zeros((8, 256), dtype=torch.int32), torch.zeros(8, dtype=torch.int64)
             packed = torch.zeros(8 + 8 * 256, dtype=torch.int32)

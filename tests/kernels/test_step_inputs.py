@@ -45,3 +45,34 @@ def test_rejects_a_head_of_another_layout():
     with pytest.raises(ValueError, match="head"):
         decode_step_inputs(torch.zeros(20, dtype=torch.int64), torch.zeros(36, dtype=torch.int32), table,
                            torch.zeros(4, dtype=torch.int64), 4)  # fmt: skip
+
+
+@pytest.mark.parametrize(("n", "rows", "width", "slot"), [(1, 1, 3, 0), (4, 3, 2, 5), (8, 8, 200, 2)])
+def test_mapped_inputs_match_the_reference(n, rows, width, slot):
+    # the step is read from the ring row counter % slots: ids (from tokens where src >= 0), positions,
+    # slots and lengths for every row of the graph, the block-table rows of the batch
+    from kernels.step_inputs import mapped_step_inputs
+
+    gen = torch.Generator().manual_seed(n + rows)
+    max_blocks = 256
+    host64 = torch.randint(0, 1000, (4, 4 * n + 4), generator=gen)
+    host32 = torch.randint(0, 5000, (4, n + n * max_blocks), generator=gen, dtype=torch.int32)
+    at = slot % 4
+    src = torch.randint(-1, n, (n,), generator=gen)
+    host64[at, 3 * n : 4 * n] = src
+    host64[at, 4 * n : 4 * n + 2] = torch.tensor([rows, width])
+    tokens = torch.randint(100_000, 200_000, (n,), generator=gen)
+    outs = []
+    for fn in (mapped_step_inputs, ref.mapped_step_inputs):
+        head, lens = torch.full((5 * n + 4,), -9), torch.full((n,), -9, dtype=torch.int32)
+        table = torch.full((n, max_blocks), -7, dtype=torch.int32)
+        fn(host64, host32, torch.tensor([slot]), head, lens, table, tokens, n)
+        outs.append((head, lens, table))
+    (head, lens, table), want = outs
+    assert all(torch.equal(a, b) for a, b in zip(outs[0], want, strict=True))
+    h64, h32 = host64[at], host32[at]
+    ids = torch.where(src >= 0, tokens[src.clamp(min=0)], h64[:n])
+    assert torch.equal(head[:n], ids) and torch.equal(head[n : 3 * n], h64[n : 3 * n])
+    assert (head[3 * n :] == -9).all() and torch.equal(lens, h32[:n])
+    assert torch.equal(table[:rows, :width], h32[n : n + rows * width].view(rows, width))
+    assert (table[rows:] == -7).all() and (table[:, width:] == -7).all()

@@ -1,0 +1,61 @@
+"""A step graph's sampled ids written by the device straight into pinned host memory (matches
+reference.publish_tokens), so that no copy to the host runs after the graph.
+
+The host buffer is a ring of SLOTS rows: the launch writes row `counter % SLOTS` and advances the
+counter (a device int64 the graph keeps), so the graph's pointers stay fixed while the host reads the
+row of replay k during replay k + 1. The device reaches pinned memory through unified addressing; a
+`Mapped` wrapper hands Triton its address (a CPU tensor would send the launch to the interpreter).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+
+from kernels._jit import kernel, next_pow2
+
+
+class Mapped:
+    """A pinned host tensor as a Triton pointer argument (the device reads and writes it over PCIe)."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        if t.device.type != "cpu" or not t.is_pinned():
+            raise ValueError("a mapped buffer must be pinned host memory")
+        self.t = t
+        self.dtype = t.dtype
+
+    def data_ptr(self) -> int:
+        return self.t.data_ptr()
+
+
+@kernel
+def _publish_kernel(
+    tokens_ptr,  # (size,) int64 on the device
+    ring_ptr,  # (SLOTS, n) int64, pinned host memory
+    counter_ptr,  # (1,) int64 on the device: launches so far
+    size,
+    n,
+    SLOTS: tl.constexpr,
+    BLOCK: tl.constexpr,  # >= size
+):
+    c = tl.load(counter_ptr)
+    i = tl.arange(0, BLOCK)
+    inside = i < size
+    tl.store(ring_ptr + (c % SLOTS) * n + i, tl.load(tokens_ptr + i, mask=inside), mask=inside)
+    tl.store(counter_ptr, c + 1)
+
+
+def publish_tokens(
+    tokens: torch.Tensor,  # (size,) int64
+    ring: torch.Tensor,  # (slots, n) int64, n >= size; pinned host memory on CUDA
+    counter: torch.Tensor,  # (1,) int64 beside tokens
+) -> None:
+    size = tokens.shape[0]
+    if tokens.dtype != torch.int64 or ring.dtype != torch.int64 or counter.dtype != torch.int64:
+        raise ValueError("tokens, ring and counter must be int64")
+    if ring.dim() != 2 or not ring.is_contiguous() or ring.shape[1] < size or counter.shape != (1,):
+        raise ValueError(f"ring must be (slots, >= {size}) contiguous and counter (1,)")
+    target = Mapped(ring) if tokens.device.type == "cuda" else ring
+    _publish_kernel[(1,)](
+        tokens, target, counter, size, ring.shape[1], SLOTS=ring.shape[0], BLOCK=next_pow2(size), num_warps=1
+    )
