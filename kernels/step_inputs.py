@@ -18,9 +18,19 @@ it over PCIe, the row named by a device counter that the graph's last launch adv
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
 from kernels._jit import kernel, next_pow2
+
+
+@triton.jit
+def _copy_row(src, dst, width, BLOCK_W: tl.constexpr):
+    """A block-table row of `width` entries, BLOCK_W at a time."""
+    for j in range(0, width, BLOCK_W):
+        c = j + tl.arange(0, BLOCK_W)
+        inside = c < width
+        tl.store(dst + c, tl.load(src + c, mask=inside), mask=inside)
 
 
 @kernel
@@ -45,12 +55,7 @@ def _step_inputs_kernel(
         tl.store(head_ptr + at, tl.load(tokens_ptr + src, mask=live), mask=live)
     if r < tl.load(control + 1):
         width = tl.load(control + 2)
-        src_row = packed_ptr + n + r * width
-        dst_row = table_ptr + r * max_blocks
-        for j in range(0, width, BLOCK_W):
-            c = j + tl.arange(0, BLOCK_W)
-            inside = c < width
-            tl.store(dst_row + c, tl.load(src_row + c, mask=inside), mask=inside)
+        _copy_row(packed_ptr + n + r * width, table_ptr + r * max_blocks, width, BLOCK_W)
 
 
 def decode_step_inputs(
@@ -102,12 +107,7 @@ def _mapped_inputs_kernel(
     tl.store(lens_ptr + r, tl.load(h32 + r))
     if r < tl.load(h64 + 4 * n):
         width = tl.load(h64 + 4 * n + 1)
-        src_row = h32 + n + r * width
-        dst_row = table_ptr + r * max_blocks
-        for j in range(0, width, BLOCK_W):
-            c = j + tl.arange(0, BLOCK_W)
-            inside = c < width
-            tl.store(dst_row + c, tl.load(src_row + c, mask=inside), mask=inside)
+        _copy_row(h32 + n + r * width, table_ptr + r * max_blocks, width, BLOCK_W)
 
 
 def mapped_step_inputs(
