@@ -269,6 +269,7 @@ class ModelRunner:
                     rows = host_to_device(pend_rows.tolist(), torch.int64, self.device)
                     g.tokens[: pend_rows.size].copy_(pending.index_select(0, rows))
                     pend_rows = np.arange(pend_rows.size, dtype=np.int64)
+        h64[: 2 * n] = 0  # padding rows: id 0 at position 0, as the copied steps' padding
         h64[:nd], h64[n : n + nd] = ids, pos
         h64[2 * n : 4 * n] = -1  # slots past the batch write nothing; src -1: no id in flight
         h64[2 * n : 2 * n + nd] = slots
