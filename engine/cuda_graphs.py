@@ -107,6 +107,9 @@ class DecodeGraphs(_TokenGraphs):
     previous step's tokens into the ids. A graph step samples rows 0..bs-1, the leading entries of
     sample_rows.
 
+    Tokens in flight are always read from `tokens` (max_rows long: any step's draw fits); a previous
+    draw made elsewhere (the sampler, a prefill) is copied there first (take_tokens).
+
     sample_seed: also capture step graphs (forward, then sampling into `tokens` with the temperatures
     in `temps` and the device seed, which each replay advances) for the sizes up to
     STEP_GRAPH_MAX_SIZE; at batch 1 the final norm, the lm_head and the draw are one launch
@@ -120,6 +123,7 @@ class DecodeGraphs(_TokenGraphs):
         max_blocks: int,
         device: torch.device,
         sample_seed: int | None = None,
+        max_rows: int = 0,
     ) -> None:
         n = max(sizes)
         super().__init__(model, kv_caches, sizes, device, extra=4 + 2 * n)  # control, in-flight pairs
@@ -128,7 +132,8 @@ class DecodeGraphs(_TokenGraphs):
         self.inputs32 = torch.zeros(n + n * max_blocks, dtype=torch.int32, device=device)
         self.seq_lens = self.inputs32[:n]
         self.block_tables = torch.zeros((n, max_blocks), dtype=torch.int32, device=device)
-        self.tokens = torch.zeros(n, dtype=torch.int64, device=device)  # the step graphs' sampled ids
+        # the step graphs' sampled ids, and where the in-flight ids of any graph step are read
+        self.tokens = torch.zeros(max(n, max_rows), dtype=torch.int64, device=device)
         self.temps = torch.zeros(n, dtype=torch.float32, device=device)
         self.seed = torch.tensor([(sample_seed or 0) & 0x7FFFFFFF], dtype=torch.int64, device=device)
         self._temps_src: torch.Tensor | None = None
@@ -150,6 +155,11 @@ class DecodeGraphs(_TokenGraphs):
         if self.host_ring is not None:
             self.published.zero_()  # the captures' own runs counted: host and device start again
         self.step_replays = 0
+
+    def take_tokens(self, pending: torch.Tensor) -> None:
+        """The previous step's (rows,) sampled ids where the next graph reads those in flight."""
+        if pending.data_ptr() != self.tokens.data_ptr():
+            self.tokens[: pending.shape[0]].copy_(pending)
 
     def finish_inputs(self, size: int) -> None:
         """What every graph launches first (kernels.step_inputs)."""

@@ -300,12 +300,10 @@ class EngineCore:
         """host: a pinned row the device fills itself (a step graph's published tokens), else a copy
         to the host is queued."""
         lps = logprob_tensors(raw, token_ids, top) if raw is not None else None
-        event = None
-        if token_ids.device.type != "cuda":
-            host = token_ids if host is None else host
-        else:
-            if host is None:
-                host = _to_host(token_ids)
+        on_gpu, event = token_ids.device.type == "cuda", None
+        if host is None:
+            host = _to_host(token_ids) if on_gpu else token_ids
+        if on_gpu:
             if lps is not None:
                 lps = LogprobTensors(*(_to_host(t) for t in lps))
             event = torch.cuda.Event()

@@ -12,7 +12,7 @@ import torch
 from engine.attention import AttentionMetadata
 from engine.block_tables import BlockTables
 from engine.config import EngineConfig
-from engine.host import Staging, host_to_device
+from engine.host import Staging
 from engine.scheduler import ScheduledBatch
 from engine.sequence import PENDING
 
@@ -51,7 +51,9 @@ class ModelRunner:
             sizes = config.cuda_graph_sizes or default_sizes(config.max_num_seqs)
             max_blocks = -(-model.cos_sin.shape[0] // self.block_size)  # max_model_len in blocks
             seed = config.seed + 1 if config.sampler_graphs else None  # its own stream of draws
-            self.graphs = DecodeGraphs(model, self.kv_caches, sizes, max_blocks, device, seed)
+            self.graphs = DecodeGraphs(
+                model, self.kv_caches, sizes, max_blocks, device, seed, config.max_num_seqs
+            )
             limit = min(config.prefill_graph_max_tokens, config.max_num_batched_tokens)
             extend = default_extend_sizes(limit)
             if extend:
@@ -206,40 +208,23 @@ class ModelRunner:
         """A decode-only step that a captured graph runs: its inputs go straight into the graph's static
         buffers (cuda_graphs.DecodeGraphs), one copy per dtype, the padding rows up to the largest size
         with slot -1 and length 0. The graph's first launch copies the block-table rows into its table
-        and, when the previous step's tokens are a step graph's output, the tokens in flight into the
-        ids; others are copied in before the replay (_fill_pending)."""
+        and the tokens in flight from the graph's `tokens` into the ids (the previous draw put there by
+        _take_pending, or by `run` with defer_pending)."""
         g = self.graphs
         n, nd = g.sizes[-1], ids.size
-        k = pend_at.size
-        in_graph = bool(k) and not defer_pending and pending is not None
-        in_graph = in_graph and pending.data_ptr() == g.tokens.data_ptr()
         head = np.zeros(3 * n + 4, dtype=np.int64)  # ids | positions | slots | k, rows, width, 0
         head[:nd], head[n : n + nd], head[2 * n : 3 * n] = ids, pos, -1
         head[2 * n : 2 * n + nd] = slots
-        head[3 * n : 3 * n + 3] = (k if in_graph else 0, nd, tables.shape[1])
+        head[3 * n : 3 * n + 3] = (pend_at.size, nd, tables.shape[1])
         lens = np.zeros(n, dtype=np.int32)
         lens[:nd] = pos + 1
         up = _Upload()
-        h64 = up.add(np.concatenate([head, pend_at, pend_rows]), torch.int64)
+        up.add(np.concatenate([head, pend_at, pend_rows]), torch.int64)
         h32 = up.add(np.concatenate([lens, tables.reshape(-1)]), torch.int32)
         t = up.upload(self._staging, into={torch.int64: g.inputs64, torch.int32: g.inputs32})
-        t64, t32 = t[h64], t[h32]
-        meta = AttentionMetadata(
-            slot_mapping=g.slot_mapping[:nd],
-            num_decodes=nd,
-            decode_block_tables=t32[n:].view(nd, -1),
-            decode_seq_lens=g.seq_lens[:nd],
-            decode_max_seq_len=int(pos.max()) + 1,
-            prefill_block_tables=None,
-            prefill_cu_seqlens_q=None,
-            prefill_seq_lens=None,
-        )
-        in_flight = t64[3 * n + 4 : 3 * n + 4 + 2 * k] if k and not in_graph else None
-        rows = g.sample_rows[:nd]
-        step = StepInputs(g.input_ids[:nd], g.positions[:nd], meta, rows, list(range(nd)), in_flight, True)
-        if in_flight is not None and not defer_pending:
-            _fill_pending(step, pending)
-        return step
+        if pend_at.size and not defer_pending:
+            self._take_pending(pending)
+        return self._graph_step(pos, t[h32][n:].view(nd, -1))
 
     def _prepare_mapped_step(
         self,
@@ -253,22 +238,12 @@ class ModelRunner:
     ) -> StepInputs:
         """A decode step that a step graph reading pinned memory runs: written straight into the graph's
         next input row (DecodeGraphs.mapped_inputs), which its first launch moves into the static inputs;
-        an id in flight is marked with its row in the previous tokens, read from the graph's `tokens`
-        (copied there first when the previous step's draw is elsewhere). No copy to the device."""
+        an id in flight is marked with its row in the previous draw, read from the graph's `tokens`. No
+        copy to the device."""
         g = self.graphs
         n, nd = g.sizes[-1], ids.size
         width = tables.shape[1]
         h64, h32 = (t.numpy() for t in g.mapped_inputs())
-        if pend_at.size:
-            if pending is None:
-                raise RuntimeError("a scheduled token is still in flight but no previous step was given")
-            if pending.data_ptr() != g.tokens.data_ptr():  # the previous draw came from elsewhere
-                if pending.shape[0] <= n:
-                    g.tokens[: pending.shape[0]].copy_(pending)
-                else:  # only the rows in flight, renumbered
-                    rows = host_to_device(pend_rows.tolist(), torch.int64, self.device)
-                    g.tokens[: pend_rows.size].copy_(pending.index_select(0, rows))
-                    pend_rows = np.arange(pend_rows.size, dtype=np.int64)
         h64[: 2 * n] = 0  # padding rows: id 0 at position 0, as the copied steps' padding
         h64[:nd], h64[n : n + nd] = ids, pos
         h64[2 * n : 4 * n] = -1  # slots past the batch write nothing; src -1: no id in flight
@@ -278,10 +253,22 @@ class ModelRunner:
         h32[:n] = 0
         h32[:nd] = pos + 1
         h32[n : n + nd * width] = tables.reshape(-1)
+        if pend_at.size:
+            self._take_pending(pending)
+        return self._graph_step(pos, torch.from_numpy(tables))  # (the graph reads its own table)
+
+    def _take_pending(self, pending: torch.Tensor | None) -> None:
+        if pending is None:
+            raise RuntimeError("a scheduled token is still in flight but no previous step was given")
+        self.graphs.take_tokens(pending)
+
+    def _graph_step(self, pos: np.ndarray, block_tables: torch.Tensor) -> StepInputs:
+        """The StepInputs of a decode step whose inputs are a graph's static buffers (nd = pos.size)."""
+        g, nd = self.graphs, pos.size
         meta = AttentionMetadata(
             slot_mapping=g.slot_mapping[:nd],
             num_decodes=nd,
-            decode_block_tables=torch.from_numpy(tables),  # (the graph reads its own table)
+            decode_block_tables=block_tables,
             decode_seq_lens=g.seq_lens[:nd],
             decode_max_seq_len=int(pos.max()) + 1,
             prefill_block_tables=None,
@@ -300,16 +287,14 @@ class ModelRunner:
         self, batch: ScheduledBatch, pending: torch.Tensor | None = None, temps: torch.Tensor | None = None
     ) -> tuple[torch.Tensor | None, list[int], tuple | None]:
         """Runs one step; returns (logits (num_sampling, vocab) in the model's dtype, the batch indices
-        that sample, None), or with `temps` ((batch,) float32 on the device: the engine lets the graph
-        sample) for a step that a step graph takes (None, the batch indices, ((batch,) sampled ids,
-        their pinned host row or None))."""
-        bs = len(batch.seqs)
-        sampled = temps is not None and self.samples_in_graph(batch)
+        that sample, None); with `temps` ((batch,) float32 on the device, given only for a batch that
+        samples_in_graph) one step-graph replay: (None, the batch indices, ((batch,) sampled ids, their
+        pinned host row or None))."""
+        if temps is None:
+            return (*self.run(batch, self.prepare(batch, pending)), None)
         # MAPPED_IO: the step graphs read their inputs from pinned memory
-        step = self.prepare(batch, pending, mapped=sampled and self.graphs.host_ring is not None)
-        if sampled and step.in_graph:
-            return None, step.sampling, self.run_sampled(bs, temps)
-        return (*self.run(batch, step), None)
+        step = self.prepare(batch, pending, mapped=self.graphs.host_ring is not None)
+        return None, step.sampling, self.run_sampled(len(batch.seqs), temps)
 
     def samples_in_graph(self, batch: ScheduledBatch) -> bool:
         """Whether a step graph can take this batch (decode-only, small enough)."""
@@ -326,8 +311,11 @@ class ModelRunner:
         self, batch: ScheduledBatch, step: StepInputs, pending: torch.Tensor | None = None
     ) -> tuple[torch.Tensor | None, list[int]]:
         """The forward of prepared inputs (`pending`: the in-flight tokens a deferred prepare left out)."""
-        if pending is not None:
-            _fill_pending(step, pending)
+        if pending is not None:  # deferred by prepare
+            if step.in_graph:
+                self.graphs.take_tokens(pending)
+            else:
+                _fill_pending(step, pending)
         input_ids, positions, meta = step.input_ids, step.positions, step.meta
         bs = len(batch.seqs)
         if step.in_graph:  # its inputs are the decode graph's static buffers already

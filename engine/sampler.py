@@ -153,13 +153,10 @@ class Sampler:
         return self._temps
 
     def graph_temps(self, seqs: list[Sequence]) -> torch.Tensor | None:
-        """The rows' temperatures when a decode graph may sample them itself (sampling graphs on, CUDA,
-        every row plain: no logit edits, grammar, filters, per-request seed or logprobs), else None."""
-        if self.graphs is None:
-            return None
+        """The rows' temperatures when a step graph may sample them itself (every row plain: no logit
+        edits, which grammars and penalties are, no filters, per-request seed or logprobs), else None."""
         for s in seqs:
-            p = s.params
-            if s.edits_logits or p.constraint is not None or p.logprobs is not None or not _plain(s):
+            if s.edits_logits or s.params.logprobs is not None or not _plain(s):
                 return None
         return self._temps_for(seqs)
 

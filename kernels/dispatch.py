@@ -415,9 +415,8 @@ def lm_head_sample(
     seed: torch.Tensor,  # (1,) int64 on the device, read at run time
     out: torch.Tensor,  # (M,) int64 that receives the tokens
 ) -> torch.Tensor:
-    """sample_tokens(linear(rms_norm(x + residual), weight), temperatures, seed): the end of a decode
-    step, one launch where lm_head_sample_fits (the norm, the lm_head and the draw; at batch 1 launched
-    with programmatic dependent launch, so its first weights stream while the last layer ends)."""
+    """sample_tokens(linear(rms_norm(x + residual), weight), temperatures, seed): the end of a step
+    graph, one launch (the norm, the lm_head and the draw) where lm_head_sample_fits."""
     if lm_head_sample_fits(x):
         from kernels.lm_head_sample import lm_head_sample as triton_lm_head_sample
 

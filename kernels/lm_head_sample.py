@@ -28,7 +28,7 @@ import triton.language as tl
 from kernels import pdl as pdl_mod
 from kernels._jit import arrival_counters, interpret_forced, kernel, next_pow2, recording
 from kernels.paged_attention import _sm_count
-from kernels.sampling import _uniforms, sample_tokens
+from kernels.sampling import _uniforms
 
 MAX_M = 4
 MAX_K = 4096  # whole rows of W in a program's registers
@@ -255,11 +255,3 @@ def _checked(x, weight, temperatures, seed, out, logits_out) -> torch.Tensor:  #
     if out.shape != (m,) or out.dtype != torch.int64 or not out.is_contiguous() or out.device != dev:
         raise ValueError(f"out must be ({m},) int64, contiguous, on x's device")
     return out
-
-
-def lm_head_sample_reference(
-    x: torch.Tensor, weight: torch.Tensor, temperatures: torch.Tensor, seed: int | torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:  # (M,) int64 tokens, (M, N) logits in x's dtype
-    """The two steps this kernel fuses: fp32 logits rounded to x's dtype, then kernels.sampling's draw."""
-    logits = (x.float() @ weight.float().T).to(x.dtype)
-    return sample_tokens(logits, temperatures, seed), logits

@@ -271,7 +271,6 @@ def test_steps_whose_graph_samples_give_the_same_tokens(tiny_qwen3):
     sync = LLM(tiny_qwen3, async_scheduling=False, **kw)
     llm = LLM(tiny_qwen3, async_scheduling=True, **kw)
     runner = llm.core.runner
-    llm.core.sampler.graphs = "on"  # Sampler.graph_temps asks only whether sampling graphs are on
     runner.samples_in_graph = lambda batch: batch.num_decodes == len(batch.seqs) <= 4
     execute, taken = runner.execute, []
 

@@ -66,7 +66,9 @@ def graph_runner(block_size: int, max_num_seqs: int, monkeypatch, mapped: bool =
     monkeypatch.setattr(cuda_graphs, "MAPPED_IO", mapped)
     runner = bare_runner(block_size, max_num_seqs)
     seed = 0 if mapped else None
-    runner.graphs = cuda_graphs.DecodeGraphs(Model(), [], [1, 2, 4], 16, torch.device("cpu"), seed)
+    runner.graphs = cuda_graphs.DecodeGraphs(
+        Model(), [], [1, 2, 4], 16, torch.device("cpu"), seed, max_num_seqs
+    )
     return runner
 
 

@@ -7,7 +7,7 @@ import torch
 
 from kernels import _jit
 from kernels import reference as ref
-from kernels.lm_head_sample import lm_head_sample, lm_head_sample_reference
+from kernels.lm_head_sample import lm_head_sample
 from kernels.sampling import sample_tokens
 from tests.kernels.paged import gpu
 
@@ -22,6 +22,12 @@ def _inputs(m: int, n: int, k: int, dtype, seed: int = 0, device: str = "cpu"):
     return x, w
 
 
+def unfused(x, weight, temperatures, seed):  # (M,) tokens, (M, N) logits in x's dtype
+    """The two steps the kernel fuses: fp32 logits rounded to x's dtype, then kernels.sampling's draw."""
+    logits = (x.float() @ weight.float().T).to(x.dtype)
+    return sample_tokens(logits, temperatures, seed), logits
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("m", [1, 2, 3])
 def test_tokens_equal_sample_tokens_on_the_logits(dtype, m):
@@ -32,7 +38,7 @@ def test_tokens_equal_sample_tokens_on_the_logits(dtype, m):
     got = lm_head_sample(x, w, temps, 1234, logits_out=logits)
     assert got.dtype == torch.int64 and got.shape == (m,)
     assert torch.equal(got, sample_tokens(logits, temps, 1234))  # exact: the same logits, the same draw
-    want, ref_logits = lm_head_sample_reference(x, w, temps, 1234)
+    want, ref_logits = unfused(x, w, temps, 1234)
     torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=TOL[dtype])
     assert torch.equal(got, want)  # the fp32 sum order differs from torch's, yet no token is that close
     if m == 3:  # the sampled rows are drawn, not the argmax
