@@ -252,7 +252,7 @@ class ModelRunner:
         h64[4 * n : 4 * n + 2] = (nd, width)
         h32[:n] = 0
         h32[:nd] = pos + 1
-        h32[n : n + nd * width] = tables.reshape(-1)
+        h32[n:].reshape(n, -1)[:nd, :width] = tables  # row r at n + r * max_blocks
         if pend_at.size:
             self._take_pending(pending)
         return self._graph_step(pos, torch.from_numpy(tables))  # (the graph reads its own table)

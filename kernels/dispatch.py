@@ -315,6 +315,39 @@ def add_rms_norm_linear(
     return linear(h, weight, bias), residual
 
 
+# the first layer's embedding gather, RMSNorm and qkv projection in one launch where the GEMV takes the
+# batch; with PDL (kernels.pdl) that launch starts during the step graph's input launch, its weights read
+# before it waits for the ids
+EMBED_GEMV = True
+
+
+def embed_rms_norm_linear(
+    ids: torch.Tensor,  # (M,) int64 token ids
+    table: torch.Tensor,  # (vocab, K): the embedding
+    norm_weight: torch.Tensor,  # (K,)
+    eps: float,
+    weight: torch.Tensor,  # (N, K)
+    bias: torch.Tensor | None = None,  # (N,)
+) -> tuple[torch.Tensor, torch.Tensor]:  # y (M, N), the embedding rows (M, K): the residual stream
+    """A first layer's input: (linear(rms_norm(table[ids])), table[ids]). One launch where the Triton
+    GEMV takes the batch (kernels.gemv.embed_rms_norm_gemv), else the embedding, then
+    add_rms_norm_linear."""
+    if (
+        EMBED_GEMV
+        and _gemv_fits(table, weight, bias)
+        and norm_weight.dtype == table.dtype
+        and ids.dim() == 1
+        and ids.dtype == torch.int64
+    ):
+        from kernels import gemv, pdl
+
+        if gemv.use_gemv(ids.shape[0], weight.shape[0], weight.shape[1]):
+            nw, on = norm_weight.contiguous(), pdl.enabled(table.device)
+            return gemv.embed_rms_norm_gemv(ids, table, nw, eps, weight, bias, pdl_on=on)
+    x = torch.nn.functional.embedding(ids, table)
+    return add_rms_norm_linear(x, None, norm_weight, eps, weight, bias)
+
+
 DECODE_TAIL = True  # the one-launch layer tail at batch 1 on CUDA (kernels.decode_tail); False: per op
 # that tail with its weights copied in by TMA (kernels.decode_tail_tma) where it fits: W3 1,200-1,211
 # tok/s against 1,176-1,187 with kernels.decode_tail (H200, pairs on one machine)
@@ -412,20 +445,25 @@ def lm_head_sample(
     eps: float,
     weight: torch.Tensor,  # (vocab, hidden)
     temperatures: torch.Tensor,  # (M,) float32; 0 = greedy
-    seed: torch.Tensor,  # (1,) int64 on the device, read at run time
+    seed: torch.Tensor,  # (1,) int64 on the device, read at run time, then advanced by one
     out: torch.Tensor,  # (M,) int64 that receives the tokens
+    publish: tuple[torch.Tensor, torch.Tensor] | None = None,  # (host ring, counter): publish_tokens
 ) -> torch.Tensor:
-    """sample_tokens(linear(rms_norm(x + residual), weight), temperatures, seed): the end of a step
-    graph, one launch (the norm, the lm_head and the draw) where lm_head_sample_fits."""
+    """The end of a step graph: sample_tokens(linear(rms_norm(x + residual), weight), temperatures,
+    seed) into out, the seed advanced, and with `publish` the tokens written into the host ring
+    (publish_tokens). One launch where lm_head_sample_fits, else the ops one by one."""
     if lm_head_sample_fits(x):
         from kernels.lm_head_sample import lm_head_sample as triton_lm_head_sample
 
         norm = (norm_weight, eps)
-        return triton_lm_head_sample(
-            x, weight, temperatures, seed, out, pdl=LM_HEAD_PDL, residual=residual, norm=norm
-        )
+        return triton_lm_head_sample(x, weight, temperatures, seed, out, pdl=LM_HEAD_PDL, residual=residual,
+                                     norm=norm, advance_seed=True, publish=publish)  # fmt: skip
     hidden, _ = fused_add_rms_norm(x, residual, norm_weight, eps)
-    return sample_tokens(linear(hidden, weight), temperatures, seed, out=out)
+    sample_tokens(linear(hidden, weight), temperatures, seed, out=out)
+    seed.add_(1)
+    if publish is not None:
+        publish_tokens(out, *publish)
+    return out
 
 
 def publish_tokens(

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import pdl
 from kernels._jit import is_interpreting, kernel, next_pow2
 
 
@@ -49,7 +50,8 @@ def _gemv_fma_kernel(
     y_ptr,  # (M, N), row stride stride_y
     r_ptr,  # (M, K) residual, row stride stride_r; unused unless HAS_RESIDUAL
     nw_ptr,  # (K,) RMSNorm weight; unused unless NORM
-    r_out_ptr,  # (M, K) contiguous: x + residual, written by program 0; unused unless HAS_RESIDUAL
+    r_out_ptr,  # (M, K) contiguous: x + residual (GATHER: the gathered rows), written by program 0
+    ids_ptr,  # (M,) int64: with GATHER, row r of x is row ids[r] of x_ptr (an embedding table)
     M,
     N,
     K,
@@ -64,36 +66,52 @@ def _gemv_fma_kernel(
     NORM: tl.constexpr,  # multiply by rms_norm(x (+ residual)) (reference.add_rms_norm_linear)
     HAS_RESIDUAL: tl.constexpr,
     NORM_BLOCK: tl.constexpr,  # K step of the sum-of-squares pass
+    GATHER: tl.constexpr,
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (kernels.pdl)
+    PRELOAD: tl.constexpr,  # the program's weight slice is read before the PDL wait (BLOCK_K >= K, EVEN)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
+    pdl.release(PDL)
     pid = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     mask_m = rm < M
     mask_n = rn < N
+    w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * stride_w + rk[None, :]  # (BLOCK_N, BLOCK_K)
+    if PRELOAD:  # the weights depend on no kernel before
+        w_held = tl.load(w_ptrs)
+    pdl.wait(PDL)  # x, the residual and the ids may come from the kernel before
+    if GATHER:
+        xrow = tl.load(ids_ptr + rm, mask=mask_m, other=0)  # (BLOCK_M,) int64
+    else:
+        xrow = rm.to(tl.int64)
     if NORM:  # every program reads the rows of x once (a few KB from L2) for their sums of squares
         rs = tl.arange(0, NORM_BLOCK)
         sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
         for k0 in range(0, K, NORM_BLOCK):
             mask = mask_m[:, None] & ((k0 + rs) < K)[None, :]
-            s = tl.load(x_ptr + rm[:, None] * stride_x + (k0 + rs)[None, :], mask=mask, other=0.0)
+            s = tl.load(x_ptr + xrow[:, None] * stride_x + (k0 + rs)[None, :], mask=mask, other=0.0)
             if HAS_RESIDUAL:  # rounded to the activation dtype like torch's `x + residual`
                 r = tl.load(r_ptr + rm[:, None] * stride_r + (k0 + rs)[None, :], mask=mask, other=0.0)
                 s = (s.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
                 if pid == 0:  # into a separate buffer: the other programs still read the old residual
                     tl.store(r_out_ptr + rm[:, None] * K + (k0 + rs)[None, :], s, mask=mask)
+            elif GATHER and pid == 0:  # the gathered rows are the residual stream
+                tl.store(r_out_ptr + rm[:, None] * K + (k0 + rs)[None, :], s, mask=mask)
             sf = s.to(tl.float32)
             sum_sq += tl.sum(sf * sf, axis=1)
         rstd = 1.0 / tl.sqrt(sum_sq / K + eps)  # (BLOCK_M,)
         r_ptrs = r_ptr + rm[:, None] * stride_r + rk[None, :]  # (BLOCK_M, BLOCK_K)
-    w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * stride_w + rk[None, :]  # (BLOCK_N, BLOCK_K)
-    x_ptrs = x_ptr + rm[:, None] * stride_x + rk[None, :]  # (BLOCK_M, BLOCK_K)
+    x_ptrs = x_ptr + xrow[:, None] * stride_x + rk[None, :]  # (BLOCK_M, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        if EVEN:
+        if PRELOAD:  # one chunk: the whole slice
+            w = w_held
+            x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
+        elif EVEN:
             w = tl.load(w_ptrs)
             x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
         else:
@@ -329,9 +347,10 @@ def gemv(
     if cfg.path == "fma":
         even = n % cfg.block_n == 0 and k % cfg.block_k == 0
         _gemv_fma_kernel[(triton.cdiv(n, cfg.block_n),)](
-            x, weight, b, out, weight, weight, weight, m, n, k, x.stride(0), weight.stride(0),
+            x, weight, b, out, weight, weight, weight, weight, m, n, k, x.stride(0), weight.stride(0),
             out.stride(0), 0, 0.0,
             HAS_BIAS=has_bias, EVEN=even, SILU_MUL=silu_mul, NORM=False, HAS_RESIDUAL=False, NORM_BLOCK=1,
+            GATHER=False, PDL=False, PRELOAD=False,
             BLOCK_M=next_pow2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
@@ -378,27 +397,84 @@ def add_rms_norm_gemv(
         residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(-1) != 1
     ):
         raise ValueError("residual must match x in shape and dtype, with a contiguous last dim")
-    if norm_weight.shape != (k,) or norm_weight.dtype != x.dtype or not norm_weight.is_contiguous():
-        raise ValueError(
-            f"norm_weight must be contiguous ({k},) of x's dtype, got {tuple(norm_weight.shape)}"
-        )
+    _check_norm_weight(norm_weight, x.dtype, k)
     cfg = _config(x, n, k, config)
     if cfg.path != "fma" or m == 0 or n == 0 or k == 0:
         from kernels.rmsnorm import rms_norm
 
         new_residual = x if residual is None else x + residual
         return gemv(rms_norm(new_residual, norm_weight, eps), weight, bias, config, out), new_residual
+    new_residual = x if residual is None else torch.empty((m, k), dtype=x.dtype, device=x.device)
+    _norm_launch(x, None, residual, norm_weight, eps, weight, bias, cfg, out, new_residual, config is None)
+    return out, new_residual
+
+
+def _check_norm_weight(norm_weight: torch.Tensor, dtype: torch.dtype, k: int) -> None:
+    if norm_weight.shape != (k,) or norm_weight.dtype != dtype or not norm_weight.is_contiguous():
+        raise ValueError(
+            f"norm_weight must be contiguous ({k},) of x's dtype, got {tuple(norm_weight.shape)}"
+        )
+
+
+def _norm_launch(x, ids, residual, norm_weight, eps, weight, bias, cfg, out, new_residual, default_cfg,
+                 pdl_on=False, preload=False) -> None:  # fmt: skip
+    """The fma kernel with NORM: x (M, K), or with ids the embedding table whose rows ids[r] are x."""
+    m, (n, k) = out.shape[0], weight.shape
     block_m = next_pow2(m)
     norm_block = min(next_pow2(k), max(cfg.block_k, NORM_TILE // block_m))
-    if is_interpreting(x) and config is None:
+    if is_interpreting(x) and default_cfg:
         norm_block = min(norm_block, 64)
-    new_residual = x if residual is None else torch.empty((m, k), dtype=x.dtype, device=x.device)
     r = residual if residual is not None else x  # a dummy pointer when HAS_RESIDUAL is off
     _gemv_fma_kernel[(triton.cdiv(n, cfg.block_n),)](
-        x, weight, bias if bias is not None else weight, out, r, norm_weight, new_residual, m, n, k,
-        x.stride(0), weight.stride(0), out.stride(0), r.stride(0), eps,
+        x, weight, bias if bias is not None else weight, out, r, norm_weight, new_residual,
+        ids if ids is not None else x, m, n, k, x.stride(0), weight.stride(0), out.stride(0), r.stride(0),
+        eps,
         HAS_BIAS=bias is not None, EVEN=n % cfg.block_n == 0 and k % cfg.block_k == 0, SILU_MUL=False,
-        NORM=True, HAS_RESIDUAL=residual is not None, NORM_BLOCK=norm_block, BLOCK_M=block_m,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        NORM=True, HAS_RESIDUAL=residual is not None, NORM_BLOCK=norm_block, GATHER=ids is not None,
+        PDL=pdl_on, PRELOAD=preload, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_kwargs(pdl_on),
     )  # fmt: skip
+
+
+PRELOAD_MAX_K = 2048  # a program's whole weight slice in registers before its PDL wait
+
+
+def embed_rms_norm_gemv(
+    ids: torch.Tensor,  # (M,) int64 token ids
+    table: torch.Tensor,  # (V, K): the embedding
+    norm_weight: torch.Tensor,  # (K,) contiguous, same dtype as table
+    eps: float,
+    weight: torch.Tensor,  # (N, K), same dtype as table
+    bias: torch.Tensor | None = None,  # (N,)
+    config: GemvConfig | None = None,
+    out: torch.Tensor | None = None,  # (M, N) of table's dtype
+    pdl_on: bool = False,  # programmatic dependent launch: the ids come from the kernel before
+    preload: bool | None = None,  # weights read before the wait (default: with pdl_on, where it fits)
+) -> tuple[torch.Tensor, torch.Tensor]:  # y (M, N), the embedding rows (M, K): the residual stream
+    """A first layer's input projection (rms_norm(table[ids]) @ W^T + bias, table[ids]), as
+    reference.embedding then reference.add_rms_norm_linear without a residual. On the fma path one
+    launch gathers the rows itself; with pdl_on it may start while the kernel before (the step's inputs)
+    runs, its weights asked for before it waits."""
+    if ids.dim() != 1 or ids.dtype != torch.int64 or ids.device != table.device:
+        raise ValueError("ids must be (M,) int64 on the table's device")
+    if table.dim() != 2 or table.stride(-1) != 1:
+        raise ValueError(f"table must be (V, K) with a contiguous last dim, got {tuple(table.shape)}")
+    m, k = ids.shape[0], table.shape[1]
+    x_like = table[:m] if table.shape[0] >= m else table.new_empty((m, k))  # for the checks only
+    out = _checked_out(x_like, weight, bias, out, k)
+    n = weight.shape[0]
+    _check_norm_weight(norm_weight, table.dtype, k)
+    cfg = _config(x_like, n, k, config)
+    if cfg.path != "fma" or m == 0 or n == 0 or k == 0:
+        x = table.index_select(0, ids)
+        return add_rms_norm_gemv(x, None, norm_weight, eps, weight, bias, config, out)
+    if preload is None:
+        preload = pdl_on and k == next_pow2(k) and k <= PRELOAD_MAX_K and n % cfg.block_n == 0
+    if preload:
+        if n % cfg.block_n or k != next_pow2(k):
+            raise ValueError("preload needs N a multiple of the block and K a power of two")
+        cfg = cfg._replace(block_k=k)
+    new_residual = torch.empty((m, k), dtype=table.dtype, device=table.device)
+    _norm_launch(table, ids, None, norm_weight, eps, weight, bias, cfg, out, new_residual, config is None,
+                 pdl_on, preload)  # fmt: skip
     return out, new_residual

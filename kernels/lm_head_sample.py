@@ -15,6 +15,11 @@ Program p takes the blocks p, p + P, p + 2P, ... (P = num_programs, a few per SM
 writes its best (score, index) per row; the program that arrives last (an arrival counter, left
 zeroed) reduces the P partials of every row to the token. No grammar masks: rows with a mask take the
 lm_head and sample_tokens separately.
+
+As the end of a step graph the last program also finishes the step, so that no launch follows: it
+advances the device seed (`advance_seed`; every program has read it before it arrives) and writes the
+tokens into row `counter % slots` of a pinned host ring, advancing the counter (`publish`, as
+kernels.publish does in a launch of its own).
 """
 
 from __future__ import annotations
@@ -74,6 +79,9 @@ def _lm_head_sample_kernel(
     counter_ptr,  # (1,) int32 zero, left zeroed
     out_ptr,  # (M,) int64 sampled ids
     seed,  # int, or with SEED_PTR a pointer to the (1,) int64 seed on the device
+    ring_ptr,  # (SLOTS, ring_n) int64 pinned host ring; unused unless PUBLISH
+    pub_ptr,  # (1,) int64 on the device: the ring's launches so far; unused unless PUBLISH
+    ring_n,
     r_ptr,  # (M, K) residual, row stride stride_r; unused unless NORM
     nw_ptr,  # (K,) RMSNorm weight; unused unless NORM
     eps,
@@ -88,6 +96,9 @@ def _lm_head_sample_kernel(
     num_programs,
     HAS_LOGITS: tl.constexpr,
     SEED_PTR: tl.constexpr,
+    ADVANCE_SEED: tl.constexpr,  # the last program stores seed + 1 (SEED_PTR)
+    PUBLISH: tl.constexpr,  # the last program writes the tokens into the host ring
+    SLOTS: tl.constexpr,
     PDL: tl.constexpr,
     NORM: tl.constexpr,  # the lm_head reads rms_norm(x + residual)
     BLOCK_M: tl.constexpr,
@@ -109,7 +120,8 @@ def _lm_head_sample_kernel(
                      mask=(rn < N)[:, None] & inside_k[None, :], other=0.0)  # fmt: skip
     pdl_mod.wait(PDL)  # x, the residual, the temperatures and the seed may come from the kernels before
     if SEED_PTR:
-        key = tl.load(seed).to(tl.int32)
+        seed_now = tl.load(seed)
+        key = seed_now.to(tl.int32)
     else:
         key = seed
     t = tl.load(temp_ptr + rm, mask=mask_m, other=0.0)  # (BLOCK_M,)
@@ -154,6 +166,12 @@ def _lm_head_sample_kernel(
         best = tl.max(vals, axis=1)
         token = tl.min(tl.where(vals == best[:, None], idxs, 2147483647), axis=1)  # ties: the lowest index
         tl.store(out_ptr + rm, token.to(tl.int64), mask=mask_m)
+        if ADVANCE_SEED:
+            tl.store(seed, seed_now + 1)
+        if PUBLISH:
+            c = tl.load(pub_ptr)
+            tl.store(ring_ptr + (c % SLOTS) * ring_n + rm, token.to(tl.int64), mask=mask_m)
+            tl.store(pub_ptr, c + 1)
 
 
 def choose_config(
@@ -193,10 +211,28 @@ def lm_head_sample(
     pdl: bool = False,  # launch with programmatic dependent launch where kernels.pdl is enabled
     residual: torch.Tensor | None = None,  # (M, K): the lm_head reads rms_norm(x + residual) ...
     norm: tuple[torch.Tensor, float] | None = None,  # ... with this (K,) weight and eps
+    advance_seed: bool = False,  # the seed tensor is incremented once the draw has read it
+    publish: tuple[torch.Tensor, torch.Tensor] | None = None,  # (ring (slots, n >= M) int64, counter (1,))
 ) -> torch.Tensor:  # (M,) int64: out, or a new tensor
     """sample_tokens(F.linear(x, weight), temperatures, seed) in one launch (CUDA-graph safe); with
-    residual and norm, of F.linear(fused_add_rms_norm(x, residual, *norm)[0], weight)."""
+    residual and norm, of F.linear(fused_add_rms_norm(x, residual, *norm)[0], weight). advance_seed
+    and publish (as kernels.publish.publish_tokens, the ring pinned host memory on CUDA) end the step
+    in the same launch."""
     out = _checked(x, weight, temperatures, seed, out, logits_out)
+    seed_ptr = isinstance(seed, torch.Tensor)
+    if advance_seed and not seed_ptr:
+        raise ValueError("advance_seed needs the seed as a (1,) int64 device tensor")
+    ring, pub = publish if publish is not None else (out, out)
+    if publish is not None:
+        bad_ring = ring.dtype != torch.int64 or ring.dim() != 2 or not ring.is_contiguous()
+        if bad_ring or ring.shape[1] < x.shape[0]:
+            raise ValueError(f"the publish ring must be (slots, >= {x.shape[0]}) int64, contiguous")
+        if pub.shape != (1,) or pub.dtype != torch.int64 or pub.device != x.device:
+            raise ValueError("the publish counter must be (1,) int64 on x's device")
+        if x.device.type == "cuda":
+            from kernels.publish import Mapped
+
+            ring = Mapped(ring)
     (m, k), n = x.shape, weight.shape[0]
     cfg = choose_config(m, n, x.device, block_n, num_warps, num_programs)
     has_norm = norm is not None
@@ -207,18 +243,20 @@ def lm_head_sample(
             raise ValueError(f"residual must be {tuple(x.shape)} {x.dtype} with a contiguous last dim")
         if norm[0].shape != (k,) or norm[0].dtype != x.dtype or not norm[0].is_contiguous():
             raise ValueError(f"the norm weight must be ({k},) {x.dtype}, contiguous")
-    seed_ptr = isinstance(seed, torch.Tensor)
     best_val = torch.empty((m, cfg.num_programs), dtype=torch.float32, device=x.device)
     best_idx = torch.empty((m, cfg.num_programs), dtype=torch.int32, device=x.device)
     on = pdl and pdl_mod.enabled(x.device)
     _lm_head_sample_kernel[(cfg.num_programs,)](
         x, weight, temperatures, logits_out if logits_out is not None else x, best_val, best_idx,
         arrival_counters("lm_head_sample", 1, x.device), out, seed if seed_ptr else int(seed) & 0x7FFFFFFF,
+        ring, pub, publish[0].shape[1] if publish is not None else 0,
         residual if has_norm else x, norm[0] if has_norm else x, norm[1] if has_norm else 0.0,
         residual.stride(0) if has_norm else 0,
         m, n, k, x.stride(0), weight.stride(0), logits_out.stride(0) if logits_out is not None else 0,
         triton.cdiv(n, cfg.block_n), cfg.num_programs, HAS_LOGITS=logits_out is not None, SEED_PTR=seed_ptr,
-        PDL=on, NORM=has_norm, BLOCK_M=next_pow2(m), BLOCK_N=cfg.block_n, BLOCK_K=next_pow2(k),
+        ADVANCE_SEED=advance_seed, PUBLISH=publish is not None,
+        SLOTS=publish[0].shape[0] if publish is not None else 1, PDL=on, NORM=has_norm,
+        BLOCK_M=next_pow2(m), BLOCK_N=cfg.block_n, BLOCK_K=next_pow2(k),
         BLOCK_P=next_pow2(cfg.num_programs), num_warps=cfg.num_warps, **pdl_mod.launch_kwargs(on),
     )  # fmt: skip
     return out

@@ -293,7 +293,7 @@ def decode_step_inputs(
 
 def mapped_step_inputs(
     host64: torch.Tensor,  # (slots, 4n + 4) int64: [ids | positions | slots | src | rows, width, 0, 0]
-    host32: torch.Tensor,  # (slots, n + n * max_blocks) int32: [lengths | the rows' tables]
+    host32: torch.Tensor,  # (slots, n + n * max_blocks) int32: [lengths | the tables, (n, max_blocks)]
     counter: torch.Tensor,  # (1,) int64: the ring row is counter % slots
     head: torch.Tensor,  # (>= 3n,) int64: [ids | positions | slots]
     lens: torch.Tensor,  # (n,) int32
@@ -313,7 +313,7 @@ def mapped_step_inputs(
     head[n : n + size], head[2 * n : 2 * n + size] = h64[n : n + size], h64[2 * n : 2 * n + size]
     lens[:size] = h32[:size]
     rows, width = int(h64[4 * n]), int(h64[4 * n + 1])
-    table[:rows, :width] = h32[n : n + rows * width].view(rows, width)
+    table[:rows, :width] = h32[n:].view(n, -1)[:rows, :width]
 
 
 def publish_tokens(

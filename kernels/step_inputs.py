@@ -10,9 +10,14 @@ previous step's sampled ids: ids[at[i]] = tokens[src[i]].
 
 With engine.cuda_graphs.MAPPED_IO a step graph skips the uploads: the host writes the step into a row
 of a pinned ring, [ids | positions | slots | src (n each; src = the row of an in-flight id in tokens,
-else -1) | rows, width, 0, 0] (int64) and [lengths | tables] (int32), and `mapped_step_inputs` reads
-it over PCIe, the row named by a device counter that the graph's last launch advances
-(kernels.publish).
+else -1) | rows, width, 0, 0] (int64) and [lengths (n) | tables, row r at n + r * max_blocks] (int32),
+and `mapped_step_inputs` reads it over PCIe, the row named by a device counter that the graph's last
+launch advances (kernels.publish). Each read over PCIe costs a round trip, so a program asks for its
+whole row at once: its table row's first BLOCK_W entries sit at a fixed place and are asked for
+beside the width that says how many of them to keep.
+
+Both let the next launch start at once (kernels.pdl): at batch 1 that is the first layer's projection
+(kernels.dispatch.embed_rms_norm_linear), which reads its weights while this launch runs.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import pdl
 from kernels._jit import kernel, next_pow2
 
 
@@ -43,7 +49,9 @@ def _step_inputs_kernel(
     max_blocks,
     BLOCK_K: tl.constexpr,  # >= n
     BLOCK_W: tl.constexpr,
+    RELEASE: tl.constexpr,  # let the next launch (with programmatic dependent launch) start at once
 ):
+    pdl.release(RELEASE)
     r = tl.program_id(0)
     control = head_ptr + 3 * n  # k, rows, width, unused; then the k pairs
     k = tl.load(control)
@@ -73,14 +81,15 @@ def decode_step_inputs(
     if not table.is_contiguous() or tokens.dtype != torch.int64:
         raise ValueError("table must be contiguous and tokens int64")
     _step_inputs_kernel[(size,)](
-        head, packed, table, tokens, n, max_blocks, BLOCK_K=next_pow2(n), BLOCK_W=128, num_warps=1
-    )
+        head, packed, table, tokens, n, max_blocks, BLOCK_K=next_pow2(n), BLOCK_W=128,
+        RELEASE=pdl.enabled(head.device), num_warps=1,
+    )  # fmt: skip
 
 
 @kernel
 def _mapped_inputs_kernel(
     host64_ptr,  # (slots, 4n + 4) int64 pinned: [ids | positions | slots | src | rows, width, 0, 0]
-    host32_ptr,  # (slots, n + n * max_blocks) int32 pinned: [lengths | the rows' tables, rows x width]
+    host32_ptr,  # (slots, n + n * max_blocks) int32 pinned: [lengths | the tables, (n, max_blocks)]
     counter_ptr,  # (1,) int64 on the device: the ring row of this launch is counter % slots
     head_ptr,  # (3n + ...) int64 on the device: [ids | positions | slots]
     lens_ptr,  # (n,) int32 on the device
@@ -92,7 +101,9 @@ def _mapped_inputs_kernel(
     stride32,
     SLOTS: tl.constexpr,
     BLOCK_W: tl.constexpr,
+    RELEASE: tl.constexpr,  # let the next launch (with programmatic dependent launch) start at once
 ):
+    pdl.release(RELEASE)
     r = tl.program_id(0)
     at = tl.load(counter_ptr) % SLOTS
     h64 = host64_ptr + at * stride64
@@ -105,9 +116,13 @@ def _mapped_inputs_kernel(
     tl.store(head_ptr + n + r, tl.load(h64 + n + r))
     tl.store(head_ptr + 2 * n + r, tl.load(h64 + 2 * n + r))
     tl.store(lens_ptr + r, tl.load(h32 + r))
-    if r < tl.load(h64 + 4 * n):
-        width = tl.load(h64 + 4 * n + 1)
-        _copy_row(h32 + n + r * width, table_ptr + r * max_blocks, width, BLOCK_W)
+    c = tl.arange(0, BLOCK_W)
+    src_row, dst_row = h32 + n + r * max_blocks, table_ptr + r * max_blocks
+    first = tl.load(src_row + c, mask=c < max_blocks)  # asked for with the width, not after it
+    width = tl.where(r < tl.load(h64 + 4 * n), tl.load(h64 + 4 * n + 1), 0)  # rows past the step: none
+    tl.store(dst_row + c, first, mask=c < width)
+    if width > BLOCK_W:
+        _copy_row(src_row + BLOCK_W, dst_row + BLOCK_W, width - BLOCK_W, BLOCK_W)
 
 
 def mapped_step_inputs(
@@ -136,5 +151,5 @@ def mapped_step_inputs(
     h64, h32 = (Mapped(host64), Mapped(host32)) if on_gpu else (host64, host32)
     _mapped_inputs_kernel[(size,)](
         h64, h32, counter, head, lens, table, tokens, n, max_blocks, host64.stride(0), host32.stride(0),
-        SLOTS=host64.shape[0], BLOCK_W=128, num_warps=1,
+        SLOTS=host64.shape[0], BLOCK_W=128, RELEASE=pdl.enabled(head.device), num_warps=1,
     )  # fmt: skip

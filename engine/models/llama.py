@@ -116,12 +116,12 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def qkv(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first layer's (residual add +) RMSNorm and qkv projection; later layers get theirs from the
-        previous layer's tail."""
+    def qkv(self, input_ids: torch.Tensor, embedding: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first layer's input: (qkv of rms_norm(embedding[input_ids]), those embedding rows, the
+        residual stream); later layers get theirs from the previous layer's tail."""
         norm1, attn = self.input_layernorm, self.self_attn
-        return ops.add_rms_norm_linear(x, residual, norm1.weight, norm1.eps, attn.qkv_proj.weight,
-                                       attn.qkv_proj.bias)  # fmt: skip
+        return ops.embed_rms_norm_linear(input_ids, embedding, norm1.weight, norm1.eps, attn.qkv_proj.weight,
+                                         attn.qkv_proj.bias)  # fmt: skip
 
     def tail_weights(self, next_layer: DecoderLayer | None) -> ref.TailWeights:
         attn, mlp, norm2 = self.self_attn, self.mlp, self.post_attention_layernorm
@@ -168,8 +168,7 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # (num_tokens, hidden)
         """The final hidden states; without final_norm (x, residual) before the last norm, for a
         consumer that applies it itself (kernels.lm_head_sample)."""
-        x = self.embed_tokens(input_ids)
-        x, residual = self.layers[0].qkv(x, None)
+        x, residual = self.layers[0].qkv(input_ids, self.embed_tokens.weight)
         for layer, kv, tail in zip(self.layers, kv_caches, self._tails(), strict=True):
             x, residual = layer(x, residual, positions, self.cos_sin, kv, meta, tail)
         if not final_norm:

@@ -10,6 +10,7 @@ import torch
 
 from engine import cuda_graphs
 from engine.cuda_graphs import capture_ladder, padded_size
+from kernels import dispatch as ops
 from tests.engine.graph_stubs import Model, stub_graphs
 
 
@@ -80,6 +81,7 @@ def test_graph_inputs_are_finished_by_the_graphs_first_launch(monkeypatch):
 def test_step_graphs_sample_into_tokens(monkeypatch):
     replays = stub_graphs(monkeypatch)
     monkeypatch.setattr(cuda_graphs, "STEP_GRAPH_MAX_SIZE", 2)
+    monkeypatch.setattr(cuda_graphs, "MAPPED_IO", False)  # the tokens stay on the device
     dec = cuda_graphs.DecodeGraphs(Model(), [], [1, 2, 4], 6, torch.device("cpu"), sample_seed=3)
     assert sorted(dec.step_graphs) == [1, 2] and dec.samples(2) and not dec.samples(3)
     # the captures ran the forward and the sampler: greedy rows of zero logits draw token 0, and the
@@ -122,7 +124,14 @@ def test_step_graphs_publish_their_tokens_to_a_host_ring(monkeypatch):
     stub_graphs(monkeypatch)
     monkeypatch.setattr(cuda_graphs, "MAPPED_IO", True)
     draw = {"value": 0}
-    monkeypatch.setattr(cuda_graphs.ops, "lm_head_sample", lambda *a: a[-1].fill_(draw["value"]))
+
+    def step_end(x, residual, norm_weight, eps, weight, temps, seed, out, publish=None):
+        out.fill_(draw["value"])  # the draw; then the rest of dispatch.lm_head_sample's step end
+        seed.add_(1)
+        if publish is not None:
+            ops.publish_tokens(out, *publish)
+
+    monkeypatch.setattr(cuda_graphs.ops, "lm_head_sample", step_end)
     dec = cuda_graphs.DecodeGraphs(Model(), [], [1, 2], 6, torch.device("cpu"), sample_seed=3)
     assert dec.host_ring.shape == (cuda_graphs.MAPPED_SLOTS, 2) and dec.published.item() == 0
     rows = []

@@ -111,6 +111,15 @@ def _launches(dtype: torch.dtype):
             # a step graph's end at batch 1: the final norm fused, launched with PDL
             seed = torch.tensor([7])
             lm_head_sample(hidden, head, torch.zeros(1), seed, pdl=True, residual=hidden, norm=(w, 1e-6))
+            # ... ending the step: the seed advanced and the tokens published (the engine's launch)
+            ring = torch.zeros((4, 8), dtype=torch.int64)
+            lm_head_sample(hidden, head, torch.zeros(1), seed, residual=hidden, norm=(w, 1e-6),
+                           advance_seed=True, publish=(ring, seed))  # fmt: skip
+            from kernels.gemv import embed_rms_norm_gemv
+
+            # the batch-1 head: the embedding gathered, launched with PDL, its weights read before the wait
+            embed_rms_norm_gemv(torch.zeros(1, dtype=torch.int64), torch.randn(64, 1024).to(dtype), w, 1e-6,
+                                r(4096, 1024), pdl_on=True)  # fmt: skip
             from kernels.publish import publish_tokens
 
             publish_tokens(torch.zeros(4, dtype=torch.int64), torch.zeros((4, 8), dtype=torch.int64), seed)
@@ -180,14 +189,16 @@ def _descriptor_type(desc) -> str:
 
 def _pdl_check(compiled, kwargs) -> tuple[bool, str]:
     """(ok, note): a launch asking for programmatic dependent launch (kernels.pdl: PDL=True) has both grid
-    dependency instructions and the launch attribute; one not asking has neither."""
-    want = bool(kwargs.get("PDL", False))
+    dependency instructions and the launch attribute; one only letting its successor start (RELEASE=True)
+    has the release alone; one asking for neither has none."""
+    want, release = bool(kwargs.get("PDL", False)), bool(kwargs.get("RELEASE", False))
     ptx = compiled.asm["ptx"]
     has = ("griddepcontrol.wait" in ptx, "griddepcontrol.launch_dependents" in ptx)
     has += (compiled.metadata.launch_pdl,)
-    if all(has) if want else not any(has):
-        return True, " pdl" if want else ""
-    return False, f" PDL={want} but (wait, launch_dependents, launch attribute) = {has}"
+    expect = (True, True, True) if want else (False, release, False)
+    if has == expect:
+        return True, " pdl" if want else (" release" if release else "")
+    return False, f" PDL={want} RELEASE={release} but (wait, launch_dependents, launch attribute) = {has}"
 
 
 def _stack_bytes(cubin: bytes, tmp: Path) -> int | None:

@@ -93,6 +93,43 @@ def test_arrival_counter_is_left_zeroed():
     assert torch.equal(lm_head_sample(x, w, temps, 6, logits_out=logits), sample_tokens(logits, temps, 6))
 
 
+def test_last_program_ends_the_step():
+    # advance_seed and publish: the same draw, then the seed advanced once and the tokens in ring row
+    # counter % slots with the counter advanced, over several launches (as kernels.publish)
+    x, w = _inputs(2, 1003, 96, torch.float32, seed=13)
+    temps = torch.tensor([0.9, 0.0])
+    seed, ring, count = torch.tensor([77]), torch.full((3, 4), -1, dtype=torch.int64), torch.tensor([4])
+    for launch in range(4):
+        want = lm_head_sample(x, w, temps, 77 + launch)
+        out = torch.full((2,), -1, dtype=torch.int64)
+        lm_head_sample(x, w, temps, seed, out=out, num_programs=8, advance_seed=True, publish=(ring, count))
+        assert torch.equal(out, want) and seed.item() == 78 + launch and count.item() == 5 + launch
+        assert ring[(4 + launch) % 3, :2].tolist() == want.tolist() and ring[:, 2:].eq(-1).all()
+    with pytest.raises(ValueError, match="advance_seed needs"):
+        lm_head_sample(x, w, temps, 5, advance_seed=True)
+    with pytest.raises(ValueError, match="publish ring"):
+        lm_head_sample(x, w, temps, seed, publish=(torch.zeros(3, 1, dtype=torch.int64), count))
+    with pytest.raises(ValueError, match="publish counter"):
+        lm_head_sample(x, w, temps, seed, publish=(ring, torch.tensor([1], dtype=torch.int32)))
+
+
+def test_dispatch_ends_the_step_the_same_way_unfused():
+    # kernels.dispatch.lm_head_sample off the fused launch (here: the CPU): norm, lm_head and draw one
+    # by one, then the seed and the ring as the fused launch leaves them
+    from kernels import dispatch
+
+    x, w = _inputs(1, 300, 32, torch.float32, seed=14)
+    residual, nw = _inputs(1, 32, 32, torch.float32, seed=15)[0], torch.rand(32) + 0.5
+    temps, seed = torch.tensor([0.0]), torch.tensor([8])
+    ring, count = torch.zeros((2, 1), dtype=torch.int64), torch.tensor([1])
+    out = torch.empty(1, dtype=torch.int64)
+    normed = ref.fused_add_rms_norm(x.clone(), residual.clone(), nw, 1e-6)[0]
+    want = (normed @ w.T).argmax(dim=-1)
+    assert dispatch.lm_head_sample(x, residual, nw, 1e-6, w, temps, seed, out, (ring, count)) is out
+    assert torch.equal(out, want) and seed.item() == 9 and count.item() == 2
+    assert ring[1].tolist() == want.tolist()
+
+
 def test_seed_is_not_specialized():
     from triton.runtime.jit import JITFunction
 
@@ -153,6 +190,19 @@ def test_gpu_real_shape_bf16(m):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, sample_tokens(logits, t, s))
+    # ending the step: the seed advanced and the tokens written into pinned host memory by the device
+    ring = torch.full((4, m), -1, dtype=torch.int64, pin_memory=True)
+    count = torch.tensor([2], device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        lm_head_sample(x, w, t, seed, out=out, logits_out=logits, advance_seed=True, publish=(ring, count))
+    seed.fill_(5)
+    for replay in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, sample_tokens(logits, t, 5 + replay))
+        assert ring[(2 + replay) % 4].tolist() == out.tolist() and seed.item() == 6 + replay
+    assert count.item() == 5
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

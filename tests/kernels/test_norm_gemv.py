@@ -136,3 +136,92 @@ def test_gpu_add_rms_norm_linear_cuda_graph_replay():
         h, _ = ref.fused_add_rms_norm(static_x, static_res, nw, EPS)
         expect = ref.linear(h.float(), w.float())
         assert (y.float() - expect).abs().max().item() < 1e-2 * expect.abs().max().item()
+
+
+def _embed_case(m, n, k, dtype, device="cpu", bias=False, vocab=40):
+    table = _randn(vocab, k, dtype=dtype, device=device, seed=6) * 3
+    ids = torch.tensor([(7 * i + 3) % vocab for i in range(m)], dtype=torch.int64, device=device)
+    _, _, nw, w, b = _inputs(m, n, k, dtype, device=device, residual=False, bias=bias)
+    return ids, table, nw, w, b
+
+
+def _check_embed(ids, table, nw, w, b, **kw):
+    """embed_rms_norm_gemv against its unfused reference: exact where the product's rounding agrees."""
+    from kernels.gemv import embed_rms_norm_gemv
+
+    x = table[ids]
+    expect = ref.linear(ref.rms_norm(x, nw, EPS).double(), w.double(), None if b is None else b.double())
+    got, got_res = embed_rms_norm_gemv(ids, table, nw, EPS, w, b, **kw)
+    err = (got.double() - expect).abs().max().item() / expect.abs().max().item()
+    assert err < RTOL[table.dtype], (tuple(w.shape), ids.shape[0], kw, err)
+    assert torch.equal(got_res, x)  # the gathered rows are the residual stream
+    # the same bits as the ungathered launch on those rows
+    want, _ = add_rms_norm_gemv(x, None, nw, EPS, w, b, config=kw.get("config"))
+    if not kw.get("preload"):
+        assert torch.equal(got, want)
+    return got
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("m", [1, 2, 3])
+def test_embed_rms_norm_gemv_gathers_the_rows(dtype, m):
+    # K = 50 ragged against BLOCK_K = 16; ids out of order; with and without bias
+    _check_embed(*_embed_case(m, 30, 50, dtype, bias=m == 2), config=FMA)
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_embed_rms_norm_gemv_preloaded_weights(m):
+    # the whole weight slice read before the (PDL) wait: one chunk of K, the same result as chunked
+    ids, table, nw, w, b = _embed_case(m, 32, 64, torch.float32)
+    whole = _check_embed(ids, table, nw, w, b, config=GemvConfig("fma", 4, 64, 1, 4, 1), preload=True)
+    chunked = _check_embed(ids, table, nw, w, b, config=GemvConfig("fma", 4, 64, 1, 4, 1))
+    assert torch.equal(whole, chunked)
+    with pytest.raises(ValueError, match="preload needs"):
+        _check_embed(*_embed_case(1, 30, 64, torch.float32), config=GemvConfig("fma", 4, 64, 1, 4, 1),
+                     preload=True)  # fmt: skip
+
+
+def test_embed_rms_norm_gemv_dot_path_and_bad_inputs():
+    from kernels.gemv import embed_rms_norm_gemv
+
+    _check_embed(*_embed_case(5, 32, 48, torch.float32, bias=True), config=DOT)
+    ids, table, nw, w, _ = _embed_case(2, 8, 16, torch.float32)
+    with pytest.raises(ValueError, match="ids must be"):
+        embed_rms_norm_gemv(ids.int(), table, nw, EPS, w)
+    with pytest.raises(ValueError, match="norm_weight"):
+        embed_rms_norm_gemv(ids, table, nw[:4], EPS, w)
+
+
+def test_dispatch_embed_rms_norm_linear_off_cuda():
+    ids, table, nw, w, b = _embed_case(3, 12, 16, torch.float32, bias=True)
+    y, res = ops.embed_rms_norm_linear(ids, table, nw, EPS, w, b)
+    x = torch.nn.functional.embedding(ids, table)
+    assert torch.equal(res, x)
+    assert torch.equal(y, torch.nn.functional.linear(ref.rms_norm(x, nw, EPS), w, b))
+
+
+@gpu
+def test_gpu_embed_rms_norm_linear_in_a_graph_after_the_input_launch():
+    # the engine's batch-1 head: a launch writes the id, the fused gather + norm + qkv follows it with
+    # PDL (weights read before its wait); replayed with new ids: the gathered rows, and the product of
+    # the launch without PDL on the same tiles, bit for bit
+    from kernels.gemv import embed_rms_norm_gemv
+
+    ids, table, nw, w, _ = _embed_case(1, 4096, 1024, torch.bfloat16, device="cuda", vocab=151936)
+    src = torch.tensor([5, 151935, 77], dtype=torch.int64, device="cuda")
+    at = torch.zeros(1, dtype=torch.int64, device="cuda")
+    ops.embed_rms_norm_linear(ids, table, nw, EPS, w)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.index_select(src, 0, at, out=ids)  # the kernel before writes the id
+        y, res = ops.embed_rms_norm_linear(ids, table, nw, EPS, w)
+    for i in range(3):
+        at.fill_(i)
+        graph.replay()
+        torch.cuda.synchronize()
+        x = table[src[i : i + 1]]
+        want, _ = embed_rms_norm_gemv(src[i : i + 1], table, nw, EPS, w, preload=True)
+        assert torch.equal(res, x) and torch.equal(y, want)
+        expect = ref.linear(ref.rms_norm(x, nw, EPS).float(), w.float())
+        assert (y.float() - expect).abs().max().item() < 1e-2 * expect.abs().max().item()

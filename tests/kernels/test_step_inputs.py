@@ -47,7 +47,10 @@ def test_rejects_a_head_of_another_layout():
                            torch.zeros(4, dtype=torch.int64), 4)  # fmt: skip
 
 
-@pytest.mark.parametrize(("n", "rows", "width", "slot"), [(1, 1, 3, 0), (4, 3, 2, 5), (8, 8, 200, 2)])
+MAPPED_CASES = [(1, 1, 3, 0), (4, 3, 2, 5), (8, 8, 200, 2), (2, 1, 128, 1), (2, 2, 256, 3)]
+
+
+@pytest.mark.parametrize(("n", "rows", "width", "slot"), MAPPED_CASES)
 def test_mapped_inputs_match_the_reference(n, rows, width, slot):
     # the step is read from the ring row counter % slots: ids (from tokens where src >= 0), positions,
     # slots and lengths for every row of the graph, the block-table rows of the batch
@@ -74,5 +77,6 @@ def test_mapped_inputs_match_the_reference(n, rows, width, slot):
     ids = torch.where(src >= 0, tokens[src.clamp(min=0)], h64[:n])
     assert torch.equal(head[:n], ids) and torch.equal(head[n : 3 * n], h64[n : 3 * n])
     assert (head[3 * n :] == -9).all() and torch.equal(lens, h32[:n])
-    assert torch.equal(table[:rows, :width], h32[n : n + rows * width].view(rows, width))
+    # row r's table at n + r * max_blocks (a fixed place: asked for before the width is known)
+    assert torch.equal(table[:rows, :width], h32[n:].view(n, max_blocks)[:rows, :width])
     assert (table[rows:] == -7).all() and (table[:, width:] == -7).all()
