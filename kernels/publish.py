@@ -5,6 +5,8 @@ The host buffer is a ring of SLOTS rows: the launch writes row `counter % SLOTS`
 counter (a device int64 the graph keeps), so the graph's pointers stay fixed while the host reads the
 row of replay k during replay k + 1. The device reaches pinned memory through unified addressing; a
 `Mapped` wrapper hands Triton its address (a CPU tensor would send the launch to the interpreter).
+At batch 1 the step's lm_head launch publishes its tokens itself (kernels.lm_head_sample); this launch
+ends the step graphs of 2 to 8 sequences.
 """
 
 from __future__ import annotations
