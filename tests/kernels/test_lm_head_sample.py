@@ -96,10 +96,10 @@ def test_arrival_counter_is_left_zeroed():
 def test_last_program_ends_the_step():
     # advance_seed and publish: the same draw, then the seed advanced once and the tokens in ring row
     # counter % slots with the counter advanced, over several launches (as kernels.publish)
-    x, w = _inputs(2, 1003, 96, torch.float32, seed=13)
+    x, w = _inputs(2, 300, 32, torch.float32, seed=13)
     temps = torch.tensor([0.9, 0.0])
     seed, ring, count = torch.tensor([77]), torch.full((3, 4), -1, dtype=torch.int64), torch.tensor([4])
-    for launch in range(4):
+    for launch in range(4):  # the ring wraps at the fourth
         want = lm_head_sample(x, w, temps, 77 + launch)
         out = torch.full((2,), -1, dtype=torch.int64)
         lm_head_sample(x, w, temps, seed, out=out, num_programs=8, advance_seed=True, publish=(ring, count))
