@@ -317,7 +317,8 @@ def add_rms_norm_linear(
 
 # the first layer's embedding gather, RMSNorm and qkv projection in one launch where the GEMV takes the
 # batch; with PDL (kernels.pdl) that launch starts during the step graph's input launch, its weights read
-# before it waits for the ids
+# before it waits for the ids. H200 W3, one machine session: 1,275 / 1,277 tok/s against 1,274 / 1,273
+# with the embedding and the first projection apart
 EMBED_GEMV = True
 
 

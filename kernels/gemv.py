@@ -18,6 +18,11 @@ The fma path also folds in what precedes a decode projection, so that one launch
 rms_norm(x + residual)). With NORM every program first walks x (+ residual) once for the sums of squares
 (a few KB, from L2), then rebuilds the normalized input chunk by chunk in its K loop, rounded exactly as
 reference.rms_norm rounds; program 0 writes x + residual to a new tensor.
+
+A first layer's projection (`embed_rms_norm_gemv`) also gathers its rows of x from the embedding by
+token id (GATHER; program 0 writes them out as the residual stream). At batch 1 it launches with
+programmatic dependent launch (PDL) after the step's input launch that writes the ids, each program's
+whole weight slice read before it waits (PRELOAD: one chunk of K).
 """
 
 from __future__ import annotations
