@@ -21,6 +21,17 @@ log = logging.getLogger("chatloom.engine")
 _NONE = np.zeros(0, dtype=np.int64)
 
 
+class _Decodes(NamedTuple):
+    """A decode-only step's columns, what a graph step is written from."""
+
+    ids: np.ndarray  # (nd,) int64: the decodes' tokens (PENDING where still on the device)
+    pos: np.ndarray  # (nd,) int64
+    slots: np.ndarray  # (nd,) int64
+    pend_at: np.ndarray  # (k,) batch positions of the tokens in flight
+    pend_rows: np.ndarray  # (k,) their rows in the previous step's sampled ids
+    tables: np.ndarray  # (nd, width) int32
+
+
 class ModelRunner:
     _tables: BlockTables | None = None  # created by the first prepare
     _staging: Staging | None = None
@@ -112,10 +123,10 @@ class ModelRunner:
         pend_rows = np.array([dec[i].pending_row for i in pend_at.tolist()], dtype=np.int64)
         if self._decode_graph_takes(len(seqs), bool(pre)):
             tables = table[rows, : int(num_blocks.max())]  # (nd, width)
-            graph_step = (d_ids, d_pos, d_slots, pend_at, pend_rows, tables)
+            dec_cols = _Decodes(d_ids, d_pos, d_slots, pend_at, pend_rows, tables)
             if mapped:
-                return self._prepare_mapped_step(*graph_step, pending)
-            return self._prepare_graph_step(*graph_step, pending, defer_pending)
+                return self._prepare_mapped_step(dec_cols, pending)
+            return self._prepare_graph_step(dec_cols, pending, defer_pending)
         sample_rows = list(range(nd))  # rows of the step's tokens whose logits are sampled
         sampling = list(range(nd))  # ... and the batch positions of their sequences
 
@@ -195,22 +206,14 @@ class ModelRunner:
         )
 
     def _prepare_graph_step(
-        self,
-        ids: np.ndarray,  # (nd,) int64: the decodes' tokens (PENDING where still on the device)
-        pos: np.ndarray,  # (nd,) int64
-        slots: np.ndarray,  # (nd,) int64
-        pend_at: np.ndarray,  # (k,) batch positions of the tokens in flight
-        pend_rows: np.ndarray,  # (k,) their rows in the previous step's sampled ids
-        tables: np.ndarray,  # (nd, width) int32
-        pending: torch.Tensor | None,
-        defer_pending: bool,
+        self, d: _Decodes, pending: torch.Tensor | None, defer_pending: bool
     ) -> StepInputs:
         """A decode-only step that a captured graph runs: its inputs go straight into the graph's static
         buffers (cuda_graphs.DecodeGraphs), one copy per dtype, the padding rows up to the largest size
         with slot -1 and length 0. The graph's first launch copies the block-table rows into its table
         and the tokens in flight from the graph's `tokens` into the ids (the previous draw put there by
         _take_pending, or by `run` with defer_pending)."""
-        g = self.graphs
+        g, (ids, pos, slots, pend_at, pend_rows, tables) = self.graphs, d
         n, nd = g.sizes[-1], ids.size
         head = np.zeros(3 * n + 4, dtype=np.int64)  # ids | positions | slots | k, rows, width, 0
         head[:nd], head[n : n + nd], head[2 * n : 3 * n] = ids, pos, -1
@@ -226,21 +229,12 @@ class ModelRunner:
             self._take_pending(pending)
         return self._graph_step(pos, t[h32][n:].view(nd, -1))
 
-    def _prepare_mapped_step(
-        self,
-        ids: np.ndarray,  # (nd,) int64 (PENDING where still on the device)
-        pos: np.ndarray,  # (nd,) int64
-        slots: np.ndarray,  # (nd,) int64
-        pend_at: np.ndarray,  # (k,) batch positions of the tokens in flight
-        pend_rows: np.ndarray,  # (k,) their rows in the previous step's sampled ids
-        tables: np.ndarray,  # (nd, width) int32
-        pending: torch.Tensor | None,
-    ) -> StepInputs:
+    def _prepare_mapped_step(self, d: _Decodes, pending: torch.Tensor | None) -> StepInputs:
         """A decode step that a step graph reading pinned memory runs: written straight into the graph's
         next input row (DecodeGraphs.mapped_inputs), which its first launch moves into the static inputs;
         an id in flight is marked with its row in the previous draw, read from the graph's `tokens`. No
         copy to the device."""
-        g = self.graphs
+        g, (ids, pos, slots, pend_at, pend_rows, tables) = self.graphs, d
         n, nd = g.sizes[-1], ids.size
         width = tables.shape[1]
         h64, h32 = (t.numpy() for t in g.mapped_inputs())

@@ -465,19 +465,20 @@ def embed_rms_norm_gemv(
     if table.dim() != 2 or table.stride(-1) != 1:
         raise ValueError(f"table must be (V, K) with a contiguous last dim, got {tuple(table.shape)}")
     m, k = ids.shape[0], table.shape[1]
-    x_like = table[:m] if table.shape[0] >= m else table.new_empty((m, k))  # for the checks only
-    out = _checked_out(x_like, weight, bias, out, k)
+    rows = table[:1].expand(m, k)  # x's shape for the checks and the config, no copy
+    out = _checked_out(rows, weight, bias, out, k)
     n = weight.shape[0]
     _check_norm_weight(norm_weight, table.dtype, k)
-    cfg = _config(x_like, n, k, config)
+    cfg = _config(rows, n, k, config)
     if cfg.path != "fma" or m == 0 or n == 0 or k == 0:
         x = table.index_select(0, ids)
         return add_rms_norm_gemv(x, None, norm_weight, eps, weight, bias, config, out)
+    one_chunk = n % cfg.block_n == 0 and k == next_pow2(k)  # the slice loads unmasked, in one piece
     if preload is None:
-        preload = pdl_on and k == next_pow2(k) and k <= PRELOAD_MAX_K and n % cfg.block_n == 0
+        preload = pdl_on and one_chunk and k <= PRELOAD_MAX_K
+    elif preload and not one_chunk:
+        raise ValueError("preload needs N a multiple of the block and K a power of two")
     if preload:
-        if n % cfg.block_n or k != next_pow2(k):
-            raise ValueError("preload needs N a multiple of the block and K a power of two")
         cfg = cfg._replace(block_k=k)
     new_residual = torch.empty((m, k), dtype=table.dtype, device=table.device)
     _norm_launch(table, ids, None, norm_weight, eps, weight, bias, cfg, out, new_residual, config is None,

@@ -222,17 +222,11 @@ def lm_head_sample(
     seed_ptr = isinstance(seed, torch.Tensor)
     if advance_seed and not seed_ptr:
         raise ValueError("advance_seed needs the seed as a (1,) int64 device tensor")
-    ring, pub = publish if publish is not None else (out, out)
+    ring, pub = out, out  # dummy pointers unless PUBLISH
     if publish is not None:
-        bad_ring = ring.dtype != torch.int64 or ring.dim() != 2 or not ring.is_contiguous()
-        if bad_ring or ring.shape[1] < x.shape[0]:
-            raise ValueError(f"the publish ring must be (slots, >= {x.shape[0]}) int64, contiguous")
-        if pub.shape != (1,) or pub.dtype != torch.int64 or pub.device != x.device:
-            raise ValueError("the publish counter must be (1,) int64 on x's device")
-        if x.device.type == "cuda":
-            from kernels.publish import Mapped
+        from kernels.publish import ring_target
 
-            ring = Mapped(ring)
+        ring, pub = ring_target(*publish, x.shape[0], x.device), publish[1]
     (m, k), n = x.shape, weight.shape[0]
     cfg = choose_config(m, n, x.device, block_n, num_warps, num_programs)
     has_norm = norm is not None

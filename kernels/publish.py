@@ -47,17 +47,25 @@ def _publish_kernel(
     tl.store(counter_ptr, c + 1)
 
 
+def ring_target(ring: torch.Tensor, counter: torch.Tensor, size: int, device: torch.device):
+    """Checks a host ring (slots, n >= size) int64 and its (1,) int64 counter on `device`; returns what a
+    launch on that device takes for the ring (a Mapped wrapper on CUDA)."""
+    if ring.dtype != torch.int64 or ring.dim() != 2 or not ring.is_contiguous() or ring.shape[1] < size:
+        raise ValueError(f"the ring must be (slots, >= {size}) int64, contiguous")
+    if counter.shape != (1,) or counter.dtype != torch.int64 or counter.device != device:
+        raise ValueError("the ring's counter must be (1,) int64 beside the tokens")
+    return Mapped(ring) if device.type == "cuda" else ring
+
+
 def publish_tokens(
     tokens: torch.Tensor,  # (size,) int64
     ring: torch.Tensor,  # (slots, n) int64, n >= size; pinned host memory on CUDA
     counter: torch.Tensor,  # (1,) int64 beside tokens
 ) -> None:
     size = tokens.shape[0]
-    if tokens.dtype != torch.int64 or ring.dtype != torch.int64 or counter.dtype != torch.int64:
-        raise ValueError("tokens, ring and counter must be int64")
-    if ring.dim() != 2 or not ring.is_contiguous() or ring.shape[1] < size or counter.shape != (1,):
-        raise ValueError(f"ring must be (slots, >= {size}) contiguous and counter (1,)")
-    target = Mapped(ring) if tokens.device.type == "cuda" else ring
+    if tokens.dtype != torch.int64:
+        raise ValueError("tokens must be int64")
+    target = ring_target(ring, counter, size, tokens.device)
     _publish_kernel[(1,)](
         tokens, target, counter, size, ring.shape[1], SLOTS=ring.shape[0], BLOCK=next_pow2(size), num_warps=1
     )

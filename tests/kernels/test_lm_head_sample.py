@@ -107,9 +107,9 @@ def test_last_program_ends_the_step():
         assert ring[(4 + launch) % 3, :2].tolist() == want.tolist() and ring[:, 2:].eq(-1).all()
     with pytest.raises(ValueError, match="advance_seed needs"):
         lm_head_sample(x, w, temps, 5, advance_seed=True)
-    with pytest.raises(ValueError, match="publish ring"):
+    with pytest.raises(ValueError, match="the ring must be"):
         lm_head_sample(x, w, temps, seed, publish=(torch.zeros(3, 1, dtype=torch.int64), count))
-    with pytest.raises(ValueError, match="publish counter"):
+    with pytest.raises(ValueError, match="ring's counter"):
         lm_head_sample(x, w, temps, seed, publish=(ring, torch.tensor([1], dtype=torch.int32)))
 
 
