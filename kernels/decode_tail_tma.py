@@ -4,7 +4,8 @@ tensor memory accelerator (TMA), written in Gluon (Hopper and later).
 One program per SM (P of them, 16 warps) owns whole rows of each weight. Stage 1's o-projection slice
 is loaded into registers; the slices of stages 2-4 (gate_up, down, the next qkv: ~208 KB a program at
 the Qwen3-0.6B shapes) arrive as TMA copies into shared memory, one mbarrier per box, so a stage starts
-on a box as soon as that box has landed. The copies run beside the program's own loads and stores: a
+on a box as soon as that box has landed. The next qkv's boxes land in gate_up's buffers once stage 2 has
+read them (ALIAS_QKV: 144 KB of buffers), leaving room on the SM for a decode attention program. The copies run beside the program's own loads and stores: a
 grid barrier's release fence does not wait for them (kernels.decode_tail's weights, held in registers,
 drain at every barrier).
 
@@ -53,6 +54,14 @@ NUM_WARPS = 16
 # gate_up's and down's at the start: 18.5 us, W3 1,108) is slower; 4 as 2 but gate_up's before the wait
 # for the kernel before (kernels.pdl)
 SCHEDULE = 2
+# the next qkv's boxes copied into gate_up's buffers once stage 2 is done with them (SCHEDULE >= 2 issues
+# them after the barrier that follows stage 2): 152 KB of shared memory a program instead of 216 KB, so a
+# decode attention program (kernels.paged_attention.PEEL_TILE: 20 KB, 126 registers beside the tail's 86)
+# fits beside it on the SM: the next layer's attention is resident, its first K/V tile asked for, while
+# the tail runs, and the next tail's programs land beside the attention's. H200, W3 with 32-key attention
+# tiles: 1,319 / 1,320 against 1,286 without the alias (sixteenth session); a layer (the tail, then the
+# attention over 768 keys, 8 layers' weights streamed, CUDA graph) 25.0 us against 25.5
+ALIAS_QKV = True
 
 
 @gluon.jit
@@ -181,7 +190,7 @@ def _o_slice(wo_ptr, pid, A: gl.constexpr, R1: gl.constexpr, L: gl.constexpr):
 @gluon.jit
 def _issue_box(j: gl.constexpr, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars,
                GU_NRB: gl.constexpr, GU_BR: gl.constexpr, D_NKB: gl.constexpr, D_BR: gl.constexpr,
-               D_C: gl.constexpr, Q_BR: gl.constexpr):  # fmt: skip
+               D_C: gl.constexpr, Q_NRB: gl.constexpr, Q_BR: gl.constexpr):  # fmt: skip
     """The TMA copy of box j (gate_up row boxes, then down K boxes, then next-qkv row boxes), counted by
     its own mbarrier bars[j]."""
     bar = bars.index(j)
@@ -193,18 +202,17 @@ def _issue_box(j: gl.constexpr, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q
         _tma_load(d_desc, [pid * D_BR, (j - GU_NRB) * D_C, 0], bar, d_bufs.index(j - GU_NRB))
     else:
         q = j - GU_NRB - D_NKB
-        n_q: gl.constexpr = q_bufs.shape[0]
         mbarrier.expect(bar, q_desc.block_type.nbytes)
-        _tma_load(q_desc, [pid * (n_q * Q_BR) + q * Q_BR, 0, 0], bar, q_bufs.index(q))
+        _tma_load(q_desc, [pid * (Q_NRB * Q_BR) + q * Q_BR, 0, 0], bar, q_bufs.index(q))
 
 
 @gluon.jit
 def _issue_range(first: gl.constexpr, end: gl.constexpr, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs,
                  q_bufs, bars, GU_NRB: gl.constexpr, GU_BR: gl.constexpr, D_NKB: gl.constexpr,
-                 D_BR: gl.constexpr, D_C: gl.constexpr, Q_BR: gl.constexpr):  # fmt: skip
+                 D_BR: gl.constexpr, D_C: gl.constexpr, Q_NRB: gl.constexpr, Q_BR: gl.constexpr):  # fmt: skip
     for j in gl.static_range(first, end):
         _issue_box(j, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR, D_NKB, D_BR,
-                   D_C, Q_BR)  # fmt: skip
+                   D_C, Q_NRB, Q_BR)  # fmt: skip
 
 
 @gluon.jit
@@ -250,6 +258,7 @@ def _tail_tma_kernel(
     TRACE: gl.constexpr,  # timestamps at POINTS
     SCHEDULE: gl.constexpr,  # when the copies are issued (see SCHEDULE)
     PDL: gl.constexpr,  # launched with programmatic dependent launch (kernels.pdl)
+    ALIAS: gl.constexpr,  # the next qkv's boxes land in gate_up's buffers (ALIAS_QKV; Q_BR == GU_BR)
 ):
     _gdc("griddepcontrol.launch_dependents", PDL)
     dt: gl.constexpr = a_ptr.dtype.element_ty
@@ -257,7 +266,7 @@ def _tail_tma_kernel(
     NBOX: gl.constexpr = GU_NRB + D_NKB + (Q_NRB if HAS_NEXT else 0)
     gu_bufs = gl.allocate_shared_memory(dt, [GU_NRB, GU_BR, KH, 256], gu_desc.layout)
     d_bufs = gl.allocate_shared_memory(dt, [D_NKB, D_BR, D_C, 256], d_desc.layout)
-    if HAS_NEXT:
+    if HAS_NEXT and not ALIAS:
         q_bufs = gl.allocate_shared_memory(dt, [Q_NRB, Q_BR, KH, 256], q_desc.layout)
     else:
         q_bufs = gu_bufs
@@ -279,15 +288,15 @@ def _tail_tma_kernel(
     w1 = _o_slice(wo_ptr, pid, A, R1, L_O)
     if SCHEDULE == 4:  # gate_up's copies stream while the kernel before finishes (PDL)
         _issue_range(0, D0, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
-                     D_NKB, D_BR, D_C, Q_BR)  # fmt: skip
+                     D_NKB, D_BR, D_C, Q_NRB, Q_BR)  # fmt: skip
     _gdc("griddepcontrol.wait", PDL)  # what the kernels before wrote: a, the residual, the counters
     a_in = gl.load(a_ptr + _offsets(0, A // 256, F_A))
     if SCHEDULE == 0:
         _issue_range(0, Q0 + NQB, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
-                     D_NKB, D_BR, D_C, Q_BR)  # fmt: skip
+                     D_NKB, D_BR, D_C, Q_NRB, Q_BR)  # fmt: skip
     if SCHEDULE == 2:
         _issue_range(0, D0, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
-                     D_NKB, D_BR, D_C, Q_BR)  # fmt: skip
+                     D_NKB, D_BR, D_C, Q_NRB, Q_BR)  # fmt: skip
     # what the stages read that no stage writes
     hoffs = _offsets(0, KH, F_H)
     res = gl.load(res_ptr + hoffs)
@@ -300,7 +309,7 @@ def _tail_tma_kernel(
     gl.store(o_ptr + pid * R1 + _rows_arange(R1, L_O), _tile_dot(w1, x1).to(dt))
     if SCHEDULE == 3:
         _issue_range(0, D0, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
-                     D_NKB, D_BR, D_C, Q_BR)  # fmt: skip
+                     D_NKB, D_BR, D_C, Q_NRB, Q_BR)  # fmt: skip
     _stamp(trace_ptr, pid, 1, TRACE)
     _grid_sync(bar_ptr, P)
     _stamp(trace_ptr, pid, 2, TRACE)
@@ -311,7 +320,7 @@ def _tail_tma_kernel(
     _stamp(trace_ptr, pid, 3, TRACE)
     if SCHEDULE >= 2:
         _issue_range(D0, Q0, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
-                     D_NKB, D_BR, D_C, Q_BR)  # fmt: skip
+                     D_NKB, D_BR, D_C, Q_NRB, Q_BR)  # fmt: skip
     _row_boxes_stage(gu_bufs, bars, 0, x2, gu_ptr, pid, GU_NRB, GU_BR, L_GU, GU_CHUNKS_FIRST,
                      trace_ptr, 4, TRACE)  # fmt: skip
     _stamp(trace_ptr, pid, 5, TRACE)
@@ -327,8 +336,10 @@ def _tail_tma_kernel(
     if D_NKB > 3:
         x33 = _silu_input(gu_ptr, 3 * D_C * 256, INTER, D_C, F_D, L_D)
     if SCHEDULE >= 2:
+        if ALIAS:  # gate_up's buffers, read by every warp before the barrier, are overwritten by the copies
+            fence_async_shared()
         _issue_range(Q0, Q0 + NQB, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
-                     D_NKB, D_BR, D_C, Q_BR)  # fmt: skip
+                     D_NKB, D_BR, D_C, Q_NRB, Q_BR)  # fmt: skip
     mbarrier.wait(bars.index(D0), 0)
     _stamp(trace_ptr, pid, 7, TRACE)
     acc = _tile_dot(d_bufs.index(0).load(L_D), x30)
@@ -368,6 +379,7 @@ class TmaPlan(NamedTuple):
     down: tuple[int, int, int]  # (rows, K boxes, chunks a box)
     qkv: tuple[int, int]  # (row boxes, rows a box)
     shared: int  # bytes of shared memory for the copies
+    alias: bool = False  # the next qkv's boxes in gate_up's buffers (ALIAS_QKV)
 
 
 def _row_boxes(rows: int) -> tuple[int, int] | None:
@@ -379,8 +391,11 @@ def _row_boxes(rows: int) -> tuple[int, int] | None:
 
 
 @functools.cache
-def plan(h: int, a: int, inter: int, nq: int | None, sms: int, elt: int = 2) -> TmaPlan | None:
-    """How P programs split the weights, or None where the shapes do not divide into boxes."""
+def plan(
+    h: int, a: int, inter: int, nq: int | None, sms: int, elt: int = 2, alias: bool = False
+) -> TmaPlan | None:
+    """How P programs split the weights, or None where the shapes do not divide into boxes. alias: the next
+    qkv's boxes take gate_up's height and buffers where they fit in them."""
     programs = 1 << (sms.bit_length() - 1)  # a power of two <= the SMs
     if any(n % CHUNK for n in (h, a, inter)) or h % programs or (2 * inter) % programs:
         return None
@@ -396,10 +411,14 @@ def plan(h: int, a: int, inter: int, nq: int | None, sms: int, elt: int = 2) -> 
     d_c = next(c for c in (8, 4, 2, 1) if chunks % c == 0)  # chunks a K box (a power of two)
     if gu is None or qkv is None or chunks // d_c > 4:
         return None
-    shared = elt * (2 * inter // programs * h + d_rows * inter + (nq // programs * h if nq else 0))
+    q_rows = nq // programs if nq is not None else 0
+    alias = alias and nq is not None and q_rows % gu[1] == 0 and q_rows // gu[1] <= gu[0]
+    if alias:
+        qkv = (q_rows // gu[1], gu[1])
+    shared = elt * (2 * inter // programs * h + d_rows * inter + (0 if alias else q_rows * h))
     if shared + 4096 > SHARED_LIMIT:
         return None
-    return TmaPlan(programs, r1, gu, (d_rows, chunks // d_c, d_c), qkv, shared)
+    return TmaPlan(programs, r1, gu, (d_rows, chunks // d_c, d_c), qkv, shared, alias)
 
 
 def _tile_layout(rows: int, chunks: int) -> gl.BlockedLayout:
@@ -467,7 +486,8 @@ def _sms(index: int | None) -> int:
 def _plan_for(w: TailWeights, device: torch.device) -> TmaPlan | None:
     sms = _sms(device.index) if device.type == "cuda" else 132  # no GPU: the H200's, to compile
     nq = w.qkv_next.shape[0] if w.qkv_next is not None else None
-    return plan(w.o.shape[0], w.o.shape[1], w.down.shape[1], nq, sms) if sms else None
+    alias = ALIAS_QKV and SCHEDULE >= 2
+    return plan(w.o.shape[0], w.o.shape[1], w.down.shape[1], nq, sms, alias=alias) if sms else None
 
 
 def launch_args(a: torch.Tensor, residual: torch.Tensor, w: TailWeights, p: TmaPlan,
@@ -496,7 +516,7 @@ def launch_args(a: torch.Tensor, residual: torch.Tensor, w: TailWeights, p: TmaP
         L_GU=_tile_layout(gu_br, h_size // CHUNK), L_D=_tile_layout(d_rows, d_c),
         L_Q=_tile_layout(q_br, h_size // CHUNK), F_A=_flat(a_width // CHUNK), F_H=_flat(h_size // CHUNK),
         F_D=_flat(d_c), TRACE=trace is not None,
-        SCHEDULE=SCHEDULE, num_warps=NUM_WARPS, PDL=overlap, **pdl.launch_kwargs(overlap),
+        SCHEDULE=SCHEDULE, num_warps=NUM_WARPS, PDL=overlap, ALIAS=p.alias, **pdl.launch_kwargs(overlap),
     )  # fmt: skip
     result = (qkv, h2) if has_next else (y, h)
     return (p.programs,), args, kwargs, result

@@ -22,7 +22,8 @@ reference.rms_norm rounds; program 0 writes x + residual to a new tensor.
 A first layer's projection (`embed_rms_norm_gemv`) also gathers its rows of x from the embedding by
 token id (GATHER; program 0 writes them out as the residual stream). At batch 1 it launches with
 programmatic dependent launch (PDL) after the step's input launch that writes the ids, each program's
-whole weight slice read before it waits (PRELOAD: one chunk of K).
+whole weight slice read before it waits (PRELOAD: one chunk of K); it lets the next launch start only
+after that wait, once the step's inputs are all written.
 """
 
 from __future__ import annotations
@@ -78,7 +79,6 @@ def _gemv_fma_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    pdl.release(PDL)
     pid = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -89,6 +89,9 @@ def _gemv_fma_kernel(
     if PRELOAD:  # the weights depend on no kernel before
         w_held = tl.load(w_ptrs)
     pdl.wait(PDL)  # x, the residual and the ids may come from the kernel before
+    # the launches after this one read the step's inputs (lengths, positions, block tables) before their
+    # own wait: they may start only once the launch that wrote those inputs has finished (kernels.pdl)
+    pdl.release(PDL)
     if GATHER:
         xrow = tl.load(ids_ptr + rm, mask=mask_m, other=0)  # (BLOCK_M,) int64
     else:

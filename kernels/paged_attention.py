@@ -520,6 +520,13 @@ DECODE_PEEL = True
 # pipelined, so the peeled tile stays in registers without spills (triton 3.9 spills 40-48 bytes with
 # 3 stages, 3.6 none); W3 1,243 / 1,250 against 1,246 / 1,245 with 3 (H200, one machine session)
 PEEL_STAGES = 1
+# (BLOCK_N, num_warps) of a peeled 16-bit launch. 32-key tiles: at W3's contexts (up to 1,024 keys in 32
+# splits) one tile a split, and a program of 126 registers and 20 KB of shared memory (sm_90, triton 3.6)
+# against 168 and 36 KB with 64-key tiles, small enough to stay resident beside a layer-tail program
+# (kernels.decode_tail_tma.ALIAS_QKV). H200, W3: 1,319 / 1,320 against 1,278 with 64-key tiles and no
+# alias, 1,266 with 64-key tiles and the alias; without the alias 1,286-1,298 against 1,270-1,278 with
+# 64-key tiles (sixteenth session, before the head's release moved after its wait: kernels.gemv)
+PEEL_TILE = (32, 4)
 
 
 def wants_order(batch: int, num_kv_heads: int, device: torch.device) -> bool:
@@ -843,6 +850,8 @@ def decode_launch(
     peel = DECODE_PEEL and nt is not None and num_splits > 1 and b == 1
     if peel:
         stages = PEEL_STAGES
+        if key == "16bit":
+            block_n, warps = PEEL_TILE
     fused_reduce = fused_reduce and num_splits > 1 and b * hk <= _MAX_COUNTERS
     if num_splits > 1:
         part_out = torch.empty((b, h, num_splits, d), dtype=torch.float32, device=q.device)

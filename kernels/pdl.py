@@ -12,9 +12,12 @@ The batch-1 end of a step (kernels.lm_head_sample) can launch with it too, its f
 asked before its wait (kernels.dispatch.LM_HEAD_PDL); it is off: W3 measured slower with it.
 
 Rules every user follows: a kernel launched with `launch_kwargs(True)` waits (`wait`; in the Gluon
-tail, kernels.decode_tail_tma's `_gdc`) before it reads anything an earlier kernel of the step wrote; a
-kernel may call `release` anywhere, since a successor launched without the attribute still starts only
-once it has finished.
+tail, kernels.decode_tail_tma's `_gdc`) before it reads anything an earlier kernel of the step wrote,
+with one exception: the step's inputs (lengths, positions, block tables, written by the graph's input
+launch, kernels.step_inputs), which the decode attention reads before its wait. So the first launch after
+the input launch releases its successor only after its own wait (kernels.gemv's head): every later launch
+starts once the inputs are written. A kernel whose successor reads nothing early may call `release`
+anywhere, since a successor launched without the attribute still starts only once it has finished.
 """
 
 from __future__ import annotations

@@ -170,3 +170,32 @@ def test_gpu_fused_in_cuda_graph():
         )
         assert max_err(out[live], expect) < GPU_ATOL[torch.bfloat16]
         assert torch.all(out[~live] == 0)
+
+
+@gpu
+@pytest.mark.parametrize("tile", [(32, 4), (64, 4)])
+@pytest.mark.parametrize("heads", [(16, 8), (8, 4)])
+def test_gpu_peeled_batch_one_equals_two_launches(tile, heads, monkeypatch):
+    """Batch 1 (the peeled launch: first tile asked for early, the new row patched from registers) at
+    contexts where a split holds one tile and where it holds several, the new row in the first or a
+    later one, against qk_norm_rope_store_kv + the unpeeled decode launch."""
+    from kernels.qk_norm_rope import qk_norm_rope_store_kv
+
+    monkeypatch.setattr(paged_attention, "PEEL_TILE", tile)
+    h, hk = heads
+    scale = 128**-0.5
+    bad = []
+    for ctx in (1, 40, 100, 300, 600, 1000, 1500, 3000):
+        for splits in (2, 8, 32):
+            q, k, v, wq, wk, pos, cs, kc, vc, bt, sl, slots = _case(torch.bfloat16, [ctx], "cuda", h=h, hk=hk,
+                                                                    d=128, seed=ctx)  # fmt: skip
+            kc1, vc1 = kc.clone(), vc.clone()
+            nt = NewTokenQK(k, v, wq, wk, 1e-6, pos, cs, slots)
+            got = paged_decode_attention(q, kc1, vc1, bt, sl, scale, new_token=nt, num_splits=splits)
+            kc2, vc2 = kc.clone(), vc.clone()
+            qr, _ = qk_norm_rope_store_kv(q.clone(), k.clone(), v, wq, wk, 1e-6, pos, cs, kc2, vc2, slots)
+            want = paged_decode_attention(qr, kc2, vc2, bt, sl, scale, num_splits=splits, fused_reduce=False)
+            err = max_err(got, want)
+            if not (torch.equal(vc1, vc2) and max_err(kc1, kc2) < GPU_ATOL[torch.bfloat16]) or not err < 2e-2:
+                bad.append((ctx, splits, round(err, 4)))
+    assert not bad, bad
