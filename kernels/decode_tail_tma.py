@@ -59,8 +59,8 @@ SCHEDULE = 2
 # decode attention program (kernels.paged_attention.PEEL_TILE: 20 KB, 126 registers beside the tail's 86)
 # fits beside it on the SM: the next layer's attention is resident, its first K/V tile asked for, while
 # the tail runs, and the next tail's programs land beside the attention's. H200, W3 with 32-key attention
-# tiles: 1,319 / 1,320 against 1,286 without the alias (sixteenth session); a layer (the tail, then the
-# attention over 768 keys, 8 layers' weights streamed, CUDA graph) 25.0 us against 25.5
+# tiles: 1,319 / 1,320 against 1,286 with `--set kernels.decode_tail_tma.ALIAS_QKV=False` (sixteenth
+# session, separate machine sessions)
 ALIAS_QKV = True
 
 
