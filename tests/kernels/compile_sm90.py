@@ -201,6 +201,17 @@ def _pdl_check(compiled, kwargs) -> tuple[bool, str]:
     return False, f" PDL={want} RELEASE={release} but (wait, launch_dependents, launch attribute) = {has}"
 
 
+def _release_after_wait(compiled, kwargs) -> bool:
+    """The first launch after a step's input launch (the gathered head GEMV) lets its successor start only
+    after its own wait: the decode attention after it reads the step's inputs before its wait
+    (kernels.pdl). True for every other launch."""
+    if not (kwargs.get("GATHER") and kwargs.get("PDL")):
+        return True
+    ptx = compiled.asm["ptx"]
+    wait, release = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
+    return 0 <= wait < release
+
+
 def _stack_bytes(cubin: bytes, tmp: Path) -> int | None:
     """Spilled bytes per thread, from cuobjdump (None if it is not available)."""
     cuobjdump = os.path.join(NV_BIN, "cuobjdump")
@@ -234,6 +245,8 @@ def main() -> int:
                 checked = "attention" in fn.__module__ or "tail" in fn.__module__
                 spills = bool(stack) and stack > SPILL_TOLERANCE and checked
                 pdl_ok, pdl = _pdl_check(compiled, kwargs)
+                if not _release_after_wait(compiled, kwargs):
+                    pdl_ok, pdl = False, " the head releases its successor before its wait"
                 failures += spills or not pdl_ok
                 status = "SPILL" if spills else ("ok" if pdl_ok else "FAIL")
                 print(f"{status} {name} shared={compiled.metadata.shared} stack={stack}{pdl}")
