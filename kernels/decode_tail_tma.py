@@ -5,9 +5,9 @@ One program per SM (P of them, 16 warps) owns whole rows of each weight. Stage 1
 is loaded into registers; the slices of stages 2-4 (gate_up, down, the next qkv: ~208 KB a program at
 the Qwen3-0.6B shapes) arrive as TMA copies into shared memory, one mbarrier per box, so a stage starts
 on a box as soon as that box has landed. The next qkv's boxes land in gate_up's buffers once stage 2 has
-read them (ALIAS_QKV: 144 KB of buffers), leaving room on the SM for a decode attention program. The copies run beside the program's own loads and stores: a
-grid barrier's release fence does not wait for them (kernels.decode_tail's weights, held in registers,
-drain at every barrier).
+read them (ALIAS_QKV: 144 KB of buffers), leaving room on the SM for a decode attention program. The
+copies run beside the program's own loads and stores: a grid barrier's release fence does not wait for
+them (kernels.decode_tail's weights, held in registers, drain at every barrier).
 
 What the launch's time depends on, measured with `python -m kernels.tail_timeline --tma` on the H200: a
 load issued while copies are queued waits behind them, whether it reads HBM or L2 (the stage inputs,
