@@ -393,7 +393,9 @@ def _sweep_fused_decode(pa, key: str, dtype, device, timer: Timer, tiny: bool, c
     decode shapes of W3 (one stream), W1 (32 x ~256) and W2 (256 x ~860) over the same configs, with
     the ragged tile in its own loop and in one loop with the others ("/1L", DECODE_ONE_LOOP)."""
     print("# fused decode (q/k norm + RoPE + K/V store + attention): (BLOCK_N, warps, stages) x splits -> us")
-    for b, ctx in [(1, 64)] if tiny else [(1, 768), (32, 256), (256, 860)]:
+    print("# (batch 1 split: the peeled launch, the swept (BLOCK_N, warps) with PEEL_STAGES stages)")
+    default_peel = pa.PEEL_TILE
+    for b, ctx in [(1, 64)] if tiny else [(1, 768), (1, 4096), (32, 256), (256, 860)]:
         _, kc, vc, bt, _, sl = _paged(b, ctx, 1, dtype, device)
         q, new = _new_token(torch.full((b,), ctx, device=device), bt, dtype, device)
         results = []
@@ -403,6 +405,7 @@ def _sweep_fused_decode(pa, key: str, dtype, device, timer: Timer, tiny: bool, c
                 if splits > 1 and ctx // splits < cfg[0]:
                     continue
                 pa.DECODE_CONFIGS[key] = cfg
+                pa.PEEL_TILE = tuple(cfg[:2])
                 if key == "16bit":
                     pa.DECODE_CONFIGS["16bit_wide"] = cfg
                 pa.DECODE_ONE_LOOP = one_loop  # read at launch (and at capture)
@@ -417,6 +420,7 @@ def _sweep_fused_decode(pa, key: str, dtype, device, timer: Timer, tiny: bool, c
                 results.append((t, cfg, splits, one_loop))
         finally:
             pa.DECODE_ONE_LOOP = default_one_loop
+            pa.PEEL_TILE = default_peel
         results.sort()
         auto = pa.choose_num_splits(b, NUM_KV_HEADS, 4096, pa._sm_count(device))
         top = "  ".join(f"{c}/{s}{'/1L' if one else ''}={t * 1e6:.1f}" for t, c, s, one in results[:8])
