@@ -33,6 +33,7 @@ import triton.language as tl
 from kernels import pdl as pdl_mod
 from kernels._jit import arrival_counters, interpret_forced, kernel, next_pow2, recording
 from kernels.paged_attention import _sm_count
+from kernels.publish import ring_target, write_ring_row
 from kernels.sampling import _uniforms
 
 MAX_M = 4
@@ -169,9 +170,7 @@ def _lm_head_sample_kernel(
         if ADVANCE_SEED:
             tl.store(seed, seed_now + 1)
         if PUBLISH:
-            c = tl.load(pub_ptr)
-            tl.store(ring_ptr + (c % SLOTS) * ring_n + rm, token.to(tl.int64), mask=mask_m)
-            tl.store(pub_ptr, c + 1)
+            write_ring_row(ring_ptr, pub_ptr, ring_n, rm, token.to(tl.int64), mask_m, SLOTS)
 
 
 def choose_config(
@@ -224,8 +223,6 @@ def lm_head_sample(
         raise ValueError("advance_seed needs the seed as a (1,) int64 device tensor")
     ring, pub = out, out  # dummy pointers unless PUBLISH
     if publish is not None:
-        from kernels.publish import ring_target
-
         ring, pub = ring_target(*publish, x.shape[0], x.device), publish[1]
     (m, k), n = x.shape, weight.shape[0]
     cfg = choose_config(m, n, x.device, block_n, num_warps, num_programs)

@@ -521,11 +521,13 @@ DECODE_PEEL = True
 # 3 stages, 3.6 none); W3 1,243 / 1,250 against 1,246 / 1,245 with 3 (H200, one machine session)
 PEEL_STAGES = 1
 # (BLOCK_N, num_warps) of a peeled 16-bit launch. 32-key tiles: at W3's contexts (up to 1,024 keys in 32
-# splits) one tile a split, and a program of 126 registers and 20 KB of shared memory (sm_90, triton 3.6)
-# against 168 and 36 KB with 64-key tiles, small enough to stay resident beside a layer-tail program
-# (kernels.decode_tail_tma.ALIAS_QKV). H200, W3: 1,319 / 1,320 against 1,278 with 64-key tiles and no
-# alias, 1,266 with 64-key tiles and the alias; without the alias 1,286-1,298 against 1,270-1,278 with
-# 64-key tiles (sixteenth session, before the head's release moved after its wait: kernels.gemv)
+# splits) one tile a split, and a program of 126 registers and 20 KB of shared memory (sm_90, triton 3.6;
+# `python -m tests.kernels.compile_sm90` prints both) against 168 and 36 KB with 64-key tiles, small
+# enough to stay resident beside a layer-tail program (kernels.decode_tail_tma.ALIAS_QKV). H200, W3:
+# 1,319 / 1,320 against 1,278 with 64-key tiles and no alias, 1,266 with 64-key tiles and the alias;
+# without the alias 1,286-1,298 against 1,270-1,278 with 64-key tiles (sixteenth session, before the
+# head's release moved after its wait: kernels.gemv). Triton 3.9 compiles the same launch to 254
+# registers and 68 KB (compile_sm90 on the development machine): no room beside the tail there
 PEEL_TILE = (32, 4)
 
 

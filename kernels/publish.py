@@ -12,6 +12,7 @@ ends the step graphs of 2 to 8 sequences.
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
 from kernels._jit import kernel, next_pow2
@@ -40,10 +41,17 @@ def _publish_kernel(
     SLOTS: tl.constexpr,
     BLOCK: tl.constexpr,  # >= size
 ):
-    c = tl.load(counter_ptr)
     i = tl.arange(0, BLOCK)
     inside = i < size
-    tl.store(ring_ptr + (c % SLOTS) * n + i, tl.load(tokens_ptr + i, mask=inside), mask=inside)
+    write_ring_row(ring_ptr, counter_ptr, n, i, tl.load(tokens_ptr + i, mask=inside), inside, SLOTS)
+
+
+@triton.jit
+def write_ring_row(ring_ptr, counter_ptr, n, cols, tokens, mask, SLOTS: tl.constexpr):
+    """tokens (int64, at cols where mask) into ring row counter % SLOTS, then counter + 1 (a helper of
+    this launch and of kernels.lm_head_sample's, which ends a step by publishing its draw itself)."""
+    c = tl.load(counter_ptr)
+    tl.store(ring_ptr + (c % SLOTS) * n + cols, tokens, mask=mask)
     tl.store(counter_ptr, c + 1)
 
 

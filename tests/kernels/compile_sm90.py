@@ -212,16 +212,18 @@ def _release_after_wait(compiled, kwargs) -> bool:
     return 0 <= wait < release
 
 
-def _stack_bytes(cubin: bytes, tmp: Path) -> int | None:
-    """Spilled bytes per thread, from cuobjdump (None if it is not available)."""
+def _resources(cubin: bytes, tmp: Path) -> tuple[int | None, int | None]:
+    """(spilled bytes per thread, registers per thread), from cuobjdump (None where it is not available).
+    Printed per kernel: whether a decode attention program fits beside a layer-tail program on an SM
+    (kernels.decode_tail_tma.ALIAS_QKV) depends on both kernels' registers and shared memory."""
     cuobjdump = os.path.join(NV_BIN, "cuobjdump")
     if not shutil.which(cuobjdump):
-        return None
+        return None, None
     path = tmp / "k.cubin"
     path.write_bytes(cubin)
     done = subprocess.run([cuobjdump, "--dump-resource-usage", str(path)], capture_output=True, text=True)
-    found = re.search(r"STACK:(\d+)", done.stdout)
-    return int(found.group(1)) if found else None
+    stack, regs = re.search(r"STACK:(\d+)", done.stdout), re.search(r"REG:(\d+)", done.stdout)
+    return (int(stack.group(1)) if stack else None), (int(regs.group(1)) if regs else None)
 
 
 def main() -> int:
@@ -239,7 +241,7 @@ def main() -> int:
                     failures += 1
                     print(f"FAIL {name}: {type(exc).__name__}: {exc}")
                     continue
-                stack = _stack_bytes(compiled.asm["cubin"], Path(tmp))
+                stack, regs = _resources(compiled.asm["cubin"], Path(tmp))
                 # a few bytes of stack are tolerated: the unsplit 128-key decode tile keeps 8 and is
                 # still the fastest configuration measured (kernels.bench --sweep)
                 checked = "attention" in fn.__module__ or "tail" in fn.__module__
@@ -249,7 +251,7 @@ def main() -> int:
                     pdl_ok, pdl = False, " the head releases its successor before its wait"
                 failures += spills or not pdl_ok
                 status = "SPILL" if spills else ("ok" if pdl_ok else "FAIL")
-                print(f"{status} {name} shared={compiled.metadata.shared} stack={stack}{pdl}")
+                print(f"{status} {name} shared={compiled.metadata.shared} regs={regs} stack={stack}{pdl}")
         failures += _compile_tma_tail(Path(tmp))
     return 1 if failures else 0
 
@@ -279,14 +281,14 @@ def _compile_tma_tail(tmp: Path) -> int:
             print(f"FAIL {name}: {type(exc).__name__}: {exc}")
             failures += 1
             continue
-        stack = _stack_bytes(compiled.asm["cubin"], tmp)
+        stack, regs = _resources(compiled.asm["cubin"], tmp)
         copies = compiled.asm["ptx"].count("cp.async.bulk.tensor.3d")
         boxes = p.gu[0] + p.down[1] + p.qkv[0]
         pdl_ok, pdl = _pdl_check(compiled, kwargs)
         bad = bool(stack) or copies != boxes or not p.shared <= compiled.metadata.shared <= tma.SHARED_LIMIT
         bad = bad or not (pdl_ok and kwargs["PDL"])  # launched after the decode attention, overlapping it
         failures += bad
-        print(f"{'FAIL' if bad else 'ok'} {name} shared={compiled.metadata.shared} stack={stack} "
+        print(f"{'FAIL' if bad else 'ok'} {name} shared={compiled.metadata.shared} regs={regs} stack={stack} "
               f"bulk copies={copies} of {boxes} boxes{pdl}")  # fmt: skip
     return failures
 
