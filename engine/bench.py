@@ -141,6 +141,7 @@ def _time_engine(llm, prompts, outs, temperature: float, label: str) -> tuple[fl
 
 PROFILE = False
 TIMELINE = False
+TRACE: str | None = None
 
 
 def _hf_peer(path: Path, prompts, outs, device: str, dtype, useful: int) -> float:
@@ -338,7 +339,7 @@ def _observed(llm, label: str | None = None):
     steps0, t0 = llm.core.num_steps, time.perf_counter()
     from engine.bench_observe import HostTimeline, Profile
 
-    profiler, timeline = Profile(enabled=PROFILE), HostTimeline(llm.core, enabled=TIMELINE)
+    profiler, timeline = Profile(enabled=PROFILE, trace=TRACE), HostTimeline(llm.core, enabled=TIMELINE)
     with profiler, timeline:
         yield
     wall, steps = time.perf_counter() - t0, llm.core.num_steps - steps0
@@ -399,6 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grammar-backend", default=None, help="G1: llguidance, xgrammar or outlines")
     p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     p.add_argument("--profile", action="store_true", help="print where the timed run spends its time")
+    p.add_argument("--trace", metavar="FILE", help="with --profile: also write the Chrome trace to FILE")
     p.add_argument("--timeline", action="store_true", help="print the host's wall time per step part")
     p.add_argument(
         "--set",
@@ -411,10 +413,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    global PROFILE, TIMELINE
+    global PROFILE, TIMELINE, TRACE
     parser = build_parser()
     args = parser.parse_args(argv)
-    PROFILE, TIMELINE = args.profile, args.timeline
+    PROFILE, TIMELINE, TRACE = args.profile or bool(args.trace), args.timeline, args.trace
     try:
         switches = bench_switches.apply(args.set)
     except ValueError as exc:

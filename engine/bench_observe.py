@@ -125,8 +125,9 @@ class GpuGaps:
 class Profile:
     """--profile: where a timed run spends its time (python functions, GPU kernels vs wall)."""
 
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
+    def __init__(self, enabled: bool, trace: str | None = None) -> None:
+        self.enabled = enabled or trace is not None
+        self.trace = trace  # also write the profiler's Chrome trace here
 
     def __enter__(self):
         if self.enabled:
@@ -161,13 +162,70 @@ class Profile:
         if self.torch_prof is not None:
             events = self.torch_prof.key_averages()
             gpu_us = sum(getattr(e, "self_device_time_total", 0) for e in events)
-            print(events.table(sort_by="self_device_time_total", row_limit=15))
+            print(events.table(sort_by="self_device_time_total", row_limit=25))
+            print(kernel_gaps(_kernel_spans(self.torch_prof)))
+            if self.trace:
+                self.torch_prof.export_chrome_trace(self.trace)
+                print(f"profile: Chrome trace written to {self.trace}")
             print(
                 f"profile: wall {wall * 1e3:.1f} ms over {steps} steps "
                 f"= {wall / max(steps, 1) * 1e3:.3f} ms/step; "
                 f"GPU kernels {gpu_us / 1e3:.1f} ms = {gpu_us / 1e3 / max(steps, 1):.3f} ms/step "
                 f"({gpu_us / 1e6 / wall:.0%} of wall)"
             )
+
+
+def _kernel_spans(torch_prof) -> list[tuple[int, int, str]]:
+    """(start, end in ns, name) of every GPU kernel the profiler saw (graph replays' kernels included)."""
+    try:
+        events = torch_prof.profiler.kineto_results.events()
+    except AttributeError:  # a profiler without kineto results
+        return []
+    spans = []
+    for e in events:
+        if "CUDA" in str(e.device_type()) and not e.name().startswith("Memcpy"):
+            spans.append((e.start_ns(), e.start_ns() + e.duration_ns(), e.name()))
+    return sorted(spans)
+
+
+GAP_EDGES_US = (1, 2, 5, 20, 100)
+
+
+def kernel_gaps(spans: list[tuple[int, int, str]], top: int = 8) -> str:
+    """The GPU's idle time between consecutive kernels, by gap length (launch gaps inside a step, a few
+    us each, apart from the host's, tens of us and more) and by the kernel that ends each gap."""
+    if not spans:
+        return "kernel gaps: no kernel spans recorded"
+    edges = GAP_EDGES_US
+    busy_end, busy = spans[0][0], 0
+    bins = [[0, 0.0] for _ in range(len(edges) + 1)]
+    before: dict[str, float] = {}  # idle us before each kernel name, gaps under the last edge
+    for start, end, name in spans:
+        if start > busy_end:
+            gap = (start - busy_end) / 1e3
+            b = sum(gap >= edge for edge in edges)
+            bins[b][0] += 1
+            bins[b][1] += gap
+            if gap < edges[-1]:
+                before[name] = before.get(name, 0.0) + gap
+        busy += max(0, end - max(start, busy_end))
+        busy_end = max(busy_end, end)
+    span_ms = (busy_end - spans[0][0]) / 1e6
+    labels = (
+        [f"<{edges[0]}"]
+        + [f"{a}-{b}" for a, b in zip(edges[:-1], edges[1:], strict=True)]
+        + [f">={edges[-1]}"]
+    )
+    cells = ", ".join(
+        f"{lab} us: {n} gaps {t / 1e3:.1f} ms" for lab, (n, t) in zip(labels, bins, strict=True) if n
+    )
+    ranked = sorted(before.items(), key=lambda kv: -kv[1])[:top]
+    names = "; ".join(f"{t / 1e3:.1f} ms before {name[:60]}" for name, t in ranked)
+    return (
+        f"kernel gaps: {len(spans)} kernels over {span_ms:.1f} ms, busy {busy / 1e6:.1f} ms "
+        f"({busy / 1e6 / max(span_ms, 1e-9):.0%}); idle by gap length: {cells}\n"
+        f"kernel gaps under {edges[-1]} us, by the kernel after them: {names}"
+    )
 
 
 class NewKernels:

@@ -95,3 +95,26 @@ def test_gpu_gaps_marks_each_part_of_a_step(monkeypatch):
     core.runner.run_sampled()
     assert [k for k, _ in gaps.marks] == ["forward", "replay", "sampled"]
     timers.restore()
+
+
+def test_kernel_gaps_bins_idle_time_and_names_the_kernel_after_each_gap():
+    from engine.bench_observe import kernel_gaps
+
+    us = 1000  # ns
+    spans = [
+        (0, 10 * us, "gemm"),
+        (11_500, 20 * us, "norm"),  # 1.5 us after gemm
+        (15 * us, 18 * us, "overlap"),  # inside norm: no gap
+        (23 * us, 30 * us, "attn"),  # 3 us
+        (33 * us, 40 * us, "norm"),  # 3 us
+        (540 * us, 550 * us, "gemm"),  # 500 us: the host's, not a launch gap
+    ]
+    text = kernel_gaps(spans)
+    assert "6 kernels over 0.6 ms" in text
+    assert "busy 0.0 ms (8%)" in text  # 10 + 8.5 + 7 + 7 + 10 = 42.5 us of 550
+    assert "1-2 us: 1 gaps 0.0 ms" in text and "2-5 us: 2 gaps 0.0 ms" in text
+    assert ">=100 us: 1 gaps 0.5 ms" in text
+    by_name = text.split("by the kernel after them: ")[1]
+    assert by_name.index("before norm") < by_name.index("before attn")  # 4.5 us before norm, 3 before attn
+    assert "before gemm" not in by_name  # its only gap is the host's
+    assert kernel_gaps([]) == "kernel gaps: no kernel spans recorded"

@@ -59,3 +59,25 @@ def test_tail_timeline_help_and_cpu_refusal(capsys):
             tail_timeline.main([])
         assert exit_info.value.code == 2
         assert "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_w2_replay_help_and_steps(capsys):
+    from kernels import bench_w2
+
+    with pytest.raises(SystemExit) as exit_info:
+        bench_w2.main(["--help"])
+    assert exit_info.value.code == 0 and "--stride" in capsys.readouterr().out
+    steps = bench_w2.w2_steps(100, tiny=False)
+    assert [t for t, _ in steps][:3] == [0, 100, 200] and len(steps[0][1]) == 256  # every sequence decodes
+    assert all(len(b) <= len(a) for (_, a), (_, b) in zip(steps, steps[1:], strict=False))  # batches shrink
+    assert min(steps[0][1]) >= 101 and max(steps[-1][1]) <= 1024 + 1024  # prompt + step + 1, within W2's
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny CPU run is for machines without CUDA")
+def test_w2_replay_tiny_cpu_run(capsys):
+    from kernels import bench_w2
+
+    assert bench_w2.main(["--tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "(16, 4, 1): W2 total" in out and "0:B2 " in out and "8:B1 " in out
+    assert out.splitlines()[-1].startswith("best (16, 4, 1):")

@@ -1,0 +1,130 @@
+"""W2's decode attention replayed step by step: the engine's fused decode launch on the contexts W2's
+decode steps have, timed from CUDA graphs, per tile configuration.
+
+    python -m kernels.bench_w2                       # every 50th step, the engine's configs and others
+    python -m kernels.bench_w2 --stride 100 --configs "128,4,3 64,4,3"
+    python -m kernels.bench_w2 --tiny                # a few small steps on the CPU (Triton's interpreter)
+
+W2 (../shared/reference/benchmarks.md) decodes 256 sequences of 100-1,024 prompt tokens, each for its
+own 100-1,024 tokens: its steps go from batch 256 at ~600 keys to a few sequences at ~2,000. Each sampled
+step stands for the `stride` steps around it, so `W2 total` estimates the whole run's decode attention
+(28 layers); the engine's own time is in `python -m engine.bench --workload w2 --profile`. Per step it
+prints us and TB/s of K/V read; configurations are (BLOCK_N, warps, stages) of DECODE_CONFIGS' wide key
+(batch x KV heads >= SMs) and, below that, its split key.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from kernels.bench import BLOCK_SIZE, HEAD_DIM, NUM_KV_HEADS, Timer, _new_token, _randn
+
+LAYERS = 28
+WIDE_CONFIGS = [(128, 4, 3), (64, 4, 3), (64, 4, 4), (128, 4, 2), (64, 8, 3), (32, 4, 4), (128, 8, 3)]
+
+
+def w2_steps(stride: int, tiny: bool) -> list[tuple[int, list[int]]]:
+    """(step, contexts of the sequences still decoding at it, the new token included) every `stride`
+    steps of W2 (tiny: 2 sequences of a few dozen keys)."""
+    from engine.bench import w2_workload
+
+    prompts, outs = w2_workload()
+    ins = [len(p) for p in prompts]
+    if tiny:
+        ins, outs = [20, 37], [5, 9]
+    steps = []
+    for t in range(0, max(outs), stride):
+        ctx = [n + t + 1 for n, o in zip(ins, outs, strict=True) if o > t]
+        if ctx:
+            steps.append((t, ctx))
+    return steps
+
+
+def _batch(ctx: list[int], pool: tuple[torch.Tensor, torch.Tensor], dtype, device, gen: torch.Generator):
+    """q, caches, block tables (shuffled blocks of the pool), seq_lens and the new token of one step."""
+    k_cache, v_cache = pool
+    per_seq = -(-max(ctx) // BLOCK_SIZE)
+    blocks = torch.randperm(k_cache.shape[0], generator=gen)[: len(ctx) * per_seq]
+    tables = blocks.view(len(ctx), per_seq).to(device=device, dtype=torch.int32)
+    seq_lens = torch.tensor(ctx, dtype=torch.int32, device=device)
+    q, new = _new_token(seq_lens, tables, dtype, device)
+    return q, tables, seq_lens, new
+
+
+def replay(configs: list[tuple[int, int, int]], stride: int, timer: Timer, dtype, device, tiny: bool) -> None:
+    from kernels import paged_attention as pa
+
+    steps = w2_steps(stride, tiny)
+    blocks = max(len(ctx) * -(-max(ctx) // BLOCK_SIZE) for _, ctx in steps)  # the widest table
+    shape = (blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    pool = _randn(*shape, dtype=dtype, device=device), _randn(*shape, dtype=dtype, device=device)
+    sms = pa._sm_count(device)
+    interp = device.type == "cpu"
+    keys = ("interpret", "interpret") if interp else ("16bit_wide", "16bit")
+    saved = {k: pa.DECODE_CONFIGS[k] for k in set(keys)}
+    gen = torch.Generator().manual_seed(0)
+    batches = [(t, ctx, _batch(ctx, pool, dtype, device, gen)) for t, ctx in steps]
+    totals = {}
+    try:
+        for cfg in configs:
+            total, cells = 0.0, []
+            for t, ctx, (q, tables, seq_lens, new) in batches:
+                wide = len(ctx) * NUM_KV_HEADS >= sms
+                pa.DECODE_CONFIGS[keys[0] if wide else keys[1]] = cfg
+                order = pa.longest_first(seq_lens) if pa.wants_order(len(ctx), NUM_KV_HEADS, device) else None
+                bound = tables.shape[1] * BLOCK_SIZE
+                fn = lambda q=q, tb=tables, sl=seq_lens, nt=new, o=order, m=bound: pa.paged_decode_attention(
+                    q, pool[0], pool[1], tb, sl, HEAD_DIM**-0.5, max_seq_len=m, new_token=nt, order=o
+                )
+                sec = timer.graph(fn) or timer.eager(fn)
+                nbytes = sum(ctx) * NUM_KV_HEADS * HEAD_DIM * 2 * pool[0].element_size()
+                cells.append(f"{t}:B{len(ctx)} {sec * 1e6:.1f} ({nbytes / sec / 1e12:.2f})")
+                total += sec * stride * LAYERS
+                for k in saved:
+                    pa.DECODE_CONFIGS[k] = saved[k]
+            totals[cfg] = total
+            print(f"{cfg}: W2 total {total * 1e3:.0f} ms | step:batch us (TB/s): {'  '.join(cells)}")
+    finally:
+        for k in saved:
+            pa.DECODE_CONFIGS[k] = saved[k]
+    best = min(totals, key=totals.get)
+    print(f"best {best}: {totals[best] * 1e3:.0f} ms (first listed: {totals[configs[0]] * 1e3:.0f} ms)")
+
+
+def _config(text: str) -> tuple[int, int, int]:
+    try:
+        block_n, warps, stages = (int(x) for x in text.split(","))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"a config is BLOCK_N,warps,stages, got {text!r}") from exc
+    return block_n, warps, stages
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kernels.bench_w2", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stride", type=int, default=50, help="time every STRIDE-th decode step of W2")
+    parser.add_argument(
+        "--configs", default=None, help="space-separated BLOCK_N,warps,stages (default: a sweep)"
+    )
+    parser.add_argument("--reps", type=int, default=30, help="timed replays per step (median)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="tiny steps on the CPU through Triton's interpreter"
+    )
+    args = parser.parse_args(argv)
+    if args.tiny:
+        device, dtype, reps = torch.device("cpu"), torch.float32, 1
+    elif torch.cuda.is_available():
+        device, dtype, reps = torch.device("cuda"), torch.bfloat16, args.reps
+    else:
+        parser.error("needs a CUDA device (or --tiny)")
+    configs = [_config(c) for c in args.configs.split()] if args.configs else WIDE_CONFIGS
+    if args.tiny and not args.configs:
+        configs = [(16, 4, 1)]
+    torch.manual_seed(0)
+    replay(configs, 4 if args.tiny else args.stride, Timer(device, reps, False), dtype, device, args.tiny)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
