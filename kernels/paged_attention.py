@@ -527,7 +527,10 @@ PEEL_STAGES = 1
 # 1,319 / 1,320 against 1,278 with 64-key tiles and no alias, 1,266 with 64-key tiles and the alias;
 # without the alias 1,286-1,298 against 1,270-1,278 with 64-key tiles (sixteenth session, before the
 # head's release moved after its wait: kernels.gemv). Triton 3.9 compiles the same launch to 254
-# registers and 68 KB (compile_sm90 on the development machine): no room beside the tail there
+# registers and 68 KB (compile_sm90 on the development machine): no room beside the tail there. Alone
+# (a graph of the launch, 32 splits, H200), the 32-key tile is slower: 14.9 against 11.5 us at 768 keys,
+# 12.4 / 11.9 at 2,048, 16.2 / 13.9 at 4,096; the W3 gain is the co-residency's, and past ~2,000 keys
+# the 64-key tile may be the better batch-1 choice (not measured in the engine)
 PEEL_TILE = (32, 4)
 
 
@@ -536,9 +539,20 @@ def wants_order(batch: int, num_kv_heads: int, device: torch.device) -> bool:
     return DECODE_LONGEST_FIRST and _wide(batch, num_kv_heads, device)
 
 
+# The order in one launch of kernels.order (True) or a device argsort (False: a sort and four small
+# launches), once per step. H200: ~13 us less a step at batch 256 (see kernels.order); W2 and W1 moved
+# within their spread (W2 24,570 against 25,691 / 24,510 for the argsort in one machine session, the
+# argsort's two runs as far apart as the pair; W1 20,173 against 19,550)
+ORDER_LAUNCH = True
+
+
 def longest_first(seq_lens: torch.Tensor) -> torch.Tensor:  # (batch,) int32
-    """The batch rows by descending length: the `order` the decode attention takes (a device sort, no
-    host sync, CUDA-graph safe)."""
+    """The batch rows by descending length, ties in index order: the `order` the decode attention takes
+    (on the device, no host sync, CUDA-graph safe)."""
+    if ORDER_LAUNCH:
+        from kernels.order import longest_first as rank_order
+
+        return rank_order(seq_lens)
     return torch.argsort(seq_lens, descending=True).to(torch.int32)
 
 

@@ -136,6 +136,11 @@ def decode_attention(
     return out.reshape(b, h, d)
 
 
+def longest_first(seq_lens: torch.Tensor) -> torch.Tensor:  # (batch,) int32
+    """The rows by descending length, ties in index order (kernels.order)."""
+    return torch.argsort(-seq_lens.long(), stable=True).to(torch.int32)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # x: (num_tokens, hidden); computed in float32 like HF
     xf = x.float()

@@ -38,6 +38,7 @@ def _launches(dtype: torch.dtype):
     from kernels.activation import silu_and_mul
     from kernels.bitmask import apply_token_bitmask_
     from kernels.kv_cache import store_kv
+    from kernels.order import longest_first
     from kernels.paged_attention import NewTokenQK, paged_decode_attention, paged_prefill_attention
     from kernels.qk_norm_rope import qk_norm_rope_store_kv
     from kernels.rmsnorm import fused_add_rms_norm, rms_norm
@@ -60,6 +61,7 @@ def _launches(dtype: torch.dtype):
             q4, k4 = torch.randn(4, 16, 128).to(dtype), torch.randn(4, 8, 128).to(dtype)
             apply_rope(q4, k4, torch.arange(4), cos_sin)
             silu_and_mul(torch.randn(4, 6144).to(dtype))
+            longest_first(torch.randint(0, 99, (200,), dtype=torch.int32))
             qkv = torch.randn(4, 32, 128).to(dtype)
             qk_norm_rope_store_kv(
                 qkv[:, :16], qkv[:, 16:24], qkv[:, 24:], w[:128], w[:128], 1e-6, torch.arange(4),
