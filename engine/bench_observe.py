@@ -173,6 +173,8 @@ class Profile:
                 f"GPU kernels {gpu_us / 1e3:.1f} ms = {gpu_us / 1e3 / max(steps, 1):.3f} ms/step "
                 f"({gpu_us / 1e6 / wall:.0%} of wall)"
             )
+        elif self.trace:
+            print(f"profile: no CUDA device, so no GPU trace: {self.trace} not written")
 
 
 def _kernel_spans(torch_prof) -> list[tuple[int, int, str]]:

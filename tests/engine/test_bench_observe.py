@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from engine.bench_observe import NewKernels
 
@@ -118,3 +119,16 @@ def test_kernel_gaps_bins_idle_time_and_names_the_kernel_after_each_gap():
     assert by_name.index("before norm") < by_name.index("before attn")  # 4.5 us before norm, 3 before attn
     assert "before gemm" not in by_name  # its only gap is the host's
     assert kernel_gaps([]) == "kernel gaps: no kernel spans recorded"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU message is for machines without CUDA")
+def test_trace_without_a_gpu_says_it_wrote_nothing(tmp_path, capsys):
+    from engine.bench_observe import Profile
+
+    path = tmp_path / "trace.json"
+    prof = Profile(enabled=False, trace=str(path))  # a trace asked for turns the profile on
+    assert prof.enabled
+    with prof:
+        sum(range(100))
+    prof.report(0.01, 1)
+    assert f"{path} not written" in capsys.readouterr().out and not path.exists()
