@@ -138,9 +138,8 @@ class DecodeGraphs(_TokenGraphs):
         self.temps = torch.zeros(n, dtype=torch.float32, device=device)
         self.seed = torch.tensor([(sample_seed or 0) & 0x7FFFFFFF], dtype=torch.int64, device=device)
         self._temps_src: torch.Tensor | None = None
-        self._overlap: OverlapStreams | None = (
-            None  # engine.overlap's streams, made at the first wide capture
-        )
+        # engine.overlap's streams, made at the first capture that overlaps
+        self._overlap: OverlapStreams | None = None
         self.graphs = capture_ladder(self.sizes, self._forward, "capturing CUDA graphs")
         self.step_graphs = {}
         samples = sample_seed is not None
