@@ -28,21 +28,6 @@ class AttentionMetadata:
     decode_max_seq_len: int = 0  # python int: bound for split-K kernels (no host sync)
     _decode_order: tuple[torch.Tensor | None] | None = field(default=None, init=False, repr=False)
 
-    def decode_rows(self, lo: int, hi: int) -> AttentionMetadata:
-        """The metadata of decode rows [lo, hi) of a decode-only step (views, no copies)."""
-        if self.prefill_block_tables is not None or hi > self.num_decodes:
-            raise ValueError("decode_rows takes rows of a decode-only step")
-        return AttentionMetadata(
-            slot_mapping=self.slot_mapping[lo:hi],
-            num_decodes=hi - lo,
-            decode_block_tables=self.decode_block_tables[lo:hi],
-            decode_seq_lens=self.decode_seq_lens[lo:hi],
-            prefill_block_tables=None,
-            prefill_cu_seqlens_q=None,
-            prefill_seq_lens=None,
-            decode_max_seq_len=self.decode_max_seq_len,
-        )
-
     def decode_order(self, num_kv_heads: int) -> torch.Tensor | None:
         """The decodes' rows longest first where the decode kernel takes them (ops.decode_order: a wide
         batch on Triton's kernels), else None. Decided and sorted on the device once per step (inside a

@@ -11,7 +11,6 @@ import logging
 import torch
 
 from engine.attention import AttentionMetadata
-from engine.overlap import OverlapStreams, overlapped_forward, overlaps
 from kernels import dispatch as ops
 
 log = logging.getLogger("chatloom.engine")
@@ -138,8 +137,6 @@ class DecodeGraphs(_TokenGraphs):
         self.temps = torch.zeros(n, dtype=torch.float32, device=device)
         self.seed = torch.tensor([(sample_seed or 0) & 0x7FFFFFFF], dtype=torch.int64, device=device)
         self._temps_src: torch.Tensor | None = None
-        # engine.overlap's streams, made at the first capture that overlaps
-        self._overlap: OverlapStreams | None = None
         self.graphs = capture_ladder(self.sizes, self._forward, "capturing CUDA graphs")
         self.step_graphs = {}
         samples = sample_seed is not None
@@ -186,11 +183,6 @@ class DecodeGraphs(_TokenGraphs):
             prefill_cu_seqlens_q=None,
             prefill_seq_lens=None,
         )
-        if overlaps(bs, self.input_ids.device):
-            if self._overlap is None:
-                self._overlap = OverlapStreams(self.input_ids.device)
-            ids, pos = self.input_ids[:bs], self.positions[:bs]
-            return overlapped_forward(self.model, ids, pos, self.kv_caches, meta, final_norm, self._overlap)
         return self.model(self.input_ids[:bs], self.positions[:bs], self.kv_caches, meta, final_norm)
 
     def _step(self, bs: int) -> torch.Tensor:

@@ -29,7 +29,7 @@ BLOCK_SIZE = 16
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 KERNELS = [
     "decode", "prefill", "store_kv", "rms_norm", "fused_add_rms_norm", "rope", "qk_norm_rope_store",
-    "silu_and_mul", "bitmask", "gemv", "sample",
+    "silu_and_mul", "bitmask", "gemv", "sample", "order",
 ]  # fmt: skip
 
 
@@ -291,6 +291,16 @@ def build_cases(dtype, device, tiny: bool, only: set[str]) -> list[Case]:
                 "bitmask", f"{b}x{vocab} fp32", lambda lg=logits, m=mask: apply_token_bitmask_(lg, m),
                 lambda lg=logits, m=mask: ref.apply_token_bitmask_(lg, m),
                 b * vocab * 4 // 2 + mask.numel() * 4, check=check,
+            ))  # fmt: skip
+    if "order" in only:  # the wide decode's rows longest first: one launch against the device argsort
+        from kernels.order import longest_first
+
+        for b in [5] if tiny else [32, 128, 256]:
+            lens = torch.randint(100, 2048, (b,), dtype=torch.int32, device=device)
+            argsort = lambda lens=lens: torch.argsort(lens, descending=True).to(torch.int32)
+            wrong = lambda lens=lens: float(longest_first(lens).tolist() != ref.longest_first(lens).tolist())
+            cases.append(Case(
+                "order", f"{b} rows", lambda lens=lens: longest_first(lens), argsort, 8 * b, check=wrong,
             ))  # fmt: skip
     return cases + _gemv_sample_cases(dtype, device, tiny, only)
 

@@ -60,19 +60,17 @@ def replay(configs: list[tuple[int, int, int]], stride: int, timer: Timer, dtype
     blocks = max(len(ctx) * -(-max(ctx) // BLOCK_SIZE) for _, ctx in steps)  # the widest table
     shape = (blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
     pool = _randn(*shape, dtype=dtype, device=device), _randn(*shape, dtype=dtype, device=device)
-    sms = pa._sm_count(device)
-    interp = device.type == "cpu"
-    keys = ("interpret", "interpret") if interp else ("16bit_wide", "16bit")
-    saved = {k: pa.DECODE_CONFIGS[k] for k in set(keys)}
+    keys = ("interpret",) if device.type == "cpu" else ("16bit_wide", "16bit")
+    saved = {k: pa.DECODE_CONFIGS[k] for k in keys}
     gen = torch.Generator().manual_seed(0)
     batches = [(t, ctx, _batch(ctx, pool, dtype, device, gen)) for t, ctx in steps]
     totals = {}
     try:
         for cfg in configs:
+            for k in keys:  # the wide steps' tile and the split steps' alike
+                pa.DECODE_CONFIGS[k] = cfg
             total, cells = 0.0, []
             for t, ctx, (q, tables, seq_lens, new) in batches:
-                wide = len(ctx) * NUM_KV_HEADS >= sms
-                pa.DECODE_CONFIGS[keys[0] if wide else keys[1]] = cfg
                 order = pa.longest_first(seq_lens) if pa.wants_order(len(ctx), NUM_KV_HEADS, device) else None
                 bound = tables.shape[1] * BLOCK_SIZE
                 fn = lambda q=q, tb=tables, sl=seq_lens, nt=new, o=order, m=bound: pa.paged_decode_attention(
@@ -82,13 +80,10 @@ def replay(configs: list[tuple[int, int, int]], stride: int, timer: Timer, dtype
                 nbytes = sum(ctx) * NUM_KV_HEADS * HEAD_DIM * 2 * pool[0].element_size()
                 cells.append(f"{t}:B{len(ctx)} {sec * 1e6:.1f} ({nbytes / sec / 1e12:.2f})")
                 total += sec * stride * LAYERS
-                for k in saved:
-                    pa.DECODE_CONFIGS[k] = saved[k]
             totals[cfg] = total
             print(f"{cfg}: W2 total {total * 1e3:.0f} ms | step:batch us (TB/s): {'  '.join(cells)}")
     finally:
-        for k in saved:
-            pa.DECODE_CONFIGS[k] = saved[k]
+        pa.DECODE_CONFIGS.update(saved)
     best = min(totals, key=totals.get)
     print(f"best {best}: {totals[best] * 1e3:.0f} ms (first listed: {totals[configs[0]] * 1e3:.0f} ms)")
 

@@ -528,7 +528,8 @@ PEEL_STAGES = 1
 # without the alias 1,286-1,298 against 1,270-1,278 with 64-key tiles (sixteenth session, before the
 # head's release moved after its wait: kernels.gemv). Triton 3.9 compiles the same launch to 254
 # registers and 68 KB (compile_sm90 on the development machine): no room beside the tail there. Alone
-# (a graph of the launch, 32 splits, H200), the 32-key tile is slower: 14.9 against 11.5 us at 768 keys,
+# (a graph of the launch, 32 splits, H200; `python -m kernels.bench --sweep` times it at 768 and 4,096
+# keys over the swept tiles), the 32-key tile is slower: 14.9 against 11.5 us at 768 keys,
 # 12.4 / 11.9 at 2,048, 16.2 / 13.9 at 4,096; the W3 gain is the co-residency's, and past ~2,000 keys
 # the 64-key tile may be the better batch-1 choice (not measured in the engine)
 PEEL_TILE = (32, 4)

@@ -127,26 +127,6 @@ def test_wide_batch_longest_first_matches_plain_dispatch(ckpt, monkeypatch):
     assert got[True, True] == got[False, True]
 
 
-def test_wide_batch_overlapped_halves_match_hf(ckpt, monkeypatch):
-    """Decode graphs of OVERLAP_MIN_BATCH sequences or more run their layers as two interleaved halves on
-    their own streams (engine.overlap; off by default, on here from batch 64): greedy tokens equal HF's up
-    to near-ties."""
-    from engine import cuda_graphs, overlap
-
-    monkeypatch.setattr(overlap, "OVERLAP_MIN_BATCH", 64)
-    calls = []
-    forward = overlap.overlapped_forward
-    monkeypatch.setattr(cuda_graphs, "overlapped_forward", lambda *a: calls.append(a[0]) or forward(*a))
-    rng = random.Random(13)
-    ps = [[rng.randint(0, 10000) for _ in range(rng.randint(1, 300))] for _ in range(66)]
-    ref = hf_greedy(ckpt, torch.bfloat16, ps)
-    llm = LLM(ckpt, dtype="bfloat16", max_model_len=1024)
-    assert calls  # captured for the sizes >= 64
-    ours = [o.token_ids for o in llm.generate(ps, GREEDY)]
-    ties = compare(ours, ref, bf16_tie)
-    print(f"bf16 overlapped halves, batch {len(ps)}: near-tie divergences {ties}")
-
-
 def test_fp32_parity(ckpt):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
