@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 
 import torch
 
@@ -21,22 +20,9 @@ PROJECTIONS = ("o", "gate_up", "down", "qkv")
 
 def _graph_time(call, reps: int) -> float:
     """Seconds per replay of a CUDA graph of call() (median of reps)."""
-    call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
+    from kernels.bench import _streamed
+
+    return _streamed(lambda _i: call(), 1, reps)
 
 
 def _inputs(m: int, ws, device, dtype):
