@@ -353,10 +353,6 @@ DECODE_TAIL = True  # the one-launch layer tail at batch 1 on CUDA (kernels.deco
 # that tail with its weights copied in by TMA (kernels.decode_tail_tma) where it fits: W3 1,200-1,211
 # tok/s against 1,176-1,187 with kernels.decode_tail (H200, pairs on one machine)
 DECODE_TAIL_TMA = True
-# wide decode batches (kernels.wide_tail.MIN_M..MAX_M rows): the tail as four GEMM launches with the
-# norms, SiLU and residual adds folded in. Off: measured slower than cuBLAS and the elementwise launches
-# on the H200 (kernels.wide_tail's docstring); `chatloom bench --set kernels.dispatch.WIDE_TAIL=True`
-WIDE_TAIL = False
 
 
 def _tail_tma(x: torch.Tensor, w: ref.TailWeights):
@@ -379,15 +375,6 @@ def _tail_fused(x: torch.Tensor, w: ref.TailWeights) -> bool:
     return decode_tail.fits(x.shape[0], x.dtype, w, x.device)
 
 
-def _tail_wide(a: torch.Tensor, residual: torch.Tensor, w: ref.TailWeights) -> bool:
-    """Whether decode_layer_tail runs kernels.wide_tail's four launches for this batch."""
-    if not (WIDE_TAIL and use_triton(a) and a.dim() == 2 and residual.dtype == a.dtype):
-        return False
-    from kernels import wide_tail
-
-    return wide_tail.fits(a.shape[0], a.dtype, w)
-
-
 def decode_layer_tail(
     a: torch.Tensor,  # (M, A): the attention output
     residual: torch.Tensor,  # (M, H)
@@ -395,8 +382,8 @@ def decode_layer_tail(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (next layer's qkv (M, NQ) or the MLP output (M, H), residual)
     """o projection, residual add + RMSNorm + gate_up, SiLU + down and (w.qkv_next) the next layer's
     residual add + RMSNorm + qkv: on CUDA at decode batch 1 one persistent launch (kernels.decode_tail_tma
-    where it fits, else kernels.decode_tail), at wide 16-bit batches four GEMM launches (kernels.wide_tail),
-    elsewhere the ops above one by one (which may consume `residual`, as add_rms_norm_linear does)."""
+    where it fits, else kernels.decode_tail), elsewhere the ops above one by one (which may consume
+    `residual`, as add_rms_norm_linear does)."""
     tma = _tail_tma(a, w) if residual.dtype == a.dtype else None
     if tma is not None:
         return tma.decode_layer_tail(a, residual, w)
@@ -404,10 +391,6 @@ def decode_layer_tail(
         from kernels import decode_tail
 
         return decode_tail.decode_layer_tail(a, residual, w)
-    if _tail_wide(a, residual, w):
-        from kernels import wide_tail
-
-        return wide_tail.decode_layer_tail(a, residual, w)
     o = linear(a, w.o, w.o_bias)  # (the references on the CPU: reference.decode_layer_tail's steps)
     gate_up, residual = add_rms_norm_linear(o, residual, w.norm2, w.eps2, w.gate_up, w.gate_up_bias)
     y = silu_and_mul_linear(gate_up, w.down, w.down_bias)

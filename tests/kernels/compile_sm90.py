@@ -98,10 +98,6 @@ def _launches(dtype: torch.dtype):
                 nxt = (w, 1e-6, r(4096, 1024), None) if has_next else (None, 1e-6, None, None)
                 tw = TailWeights(r(1024, 2048), None, w, 1e-6, r(6144, 1024), b, r(1024, 3072), None, *nxt)
                 decode_layer_tail(r(m, 2048), r(m, 1024), tw)
-            from kernels import wide_tail
-
-            for m in (16, 256):  # the wide tail's tuned tiles (split-K among them), with and without PDL
-                wide_tail.decode_layer_tail(r(m, 2048), r(m, 1024), tw, use_pdl=m == 16)
             apply_token_bitmask_(torch.randn(4, 1000), torch.zeros(4, 32, dtype=torch.int32), torch.arange(2))
             from kernels.sampling import sample_tokens
 
