@@ -400,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grammar-backend", default=None, help="G1: llguidance, xgrammar or outlines")
     p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     p.add_argument("--profile", action="store_true", help="print where the timed run spends its time")
-    p.add_argument("--trace", metavar="FILE", help="with --profile: also write the Chrome trace to FILE")
+    p.add_argument("--trace", metavar="FILE", help="also write the Chrome trace to FILE (turns --profile on)")
     p.add_argument("--timeline", action="store_true", help="print the host's wall time per step part")
     p.add_argument(
         "--set",

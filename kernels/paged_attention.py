@@ -541,7 +541,7 @@ def wants_order(batch: int, num_kv_heads: int, device: torch.device) -> bool:
 
 
 # The order in one launch of kernels.order (True) or a device argsort (False: a sort and four small
-# launches), once per step. H200: ~13 us less a step at batch 256 (see kernels.order); W2 and W1 moved
+# launches), once per step. H200: ~7 us less a step at batch 256 (see kernels.order); W2 and W1 moved
 # within their spread (W2 24,570 against 25,691 / 24,510 for the argsort in one machine session, the
 # argsort's two runs as far apart as the pair; W1 20,173 against 19,550)
 ORDER_LAUNCH = True
