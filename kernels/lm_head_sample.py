@@ -31,10 +31,10 @@ import triton
 import triton.language as tl
 
 from kernels import pdl as pdl_mod
-from kernels._jit import arrival_counters, interpret_forced, kernel, next_pow2, recording
+from kernels._jit import arrival_counters, interpret_forced, is_interpreting, kernel, next_pow2, recording
 from kernels.paged_attention import _sm_count
 from kernels.publish import ring_target, write_ring_row
-from kernels.sampling import _uniforms
+from kernels.sampling import _inv_temperature, _race_scores, _uniforms
 
 MAX_M = 4
 MAX_K = 4096  # whole rows of W in a program's registers
@@ -48,8 +48,9 @@ class LmHeadConfig(NamedTuple):
 
 
 @triton.jit
-def _fold_block(lg, off, N, logits_ptr, stride_l, rm, mask_m, key, quads, sampled, t, best_val, best_idx,
-                HAS_LOGITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+def _fold_block(lg, off, N, logits_ptr, stride_l, rm, mask_m, key, quads, sampled, inv_t, best_val, best_idx,
+                HAS_LOGITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                FAST_LOG: tl.constexpr):  # fmt: skip
     """A block's logits (BLOCK_M, BLOCK_N), columns off.., stored if asked and folded into the lanes'
     bests with sampling's draw for (row, column)."""
     rn = off + tl.arange(0, BLOCK_N)
@@ -62,8 +63,7 @@ def _fold_block(lg, off, N, logits_ptr, stride_l, rm, mask_m, key, quads, sample
     u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # U[0, 1), one per (row, column)
     for r in tl.static_range(BLOCK_M):
         u = tl.where(rm[:, None] == r, _uniforms(key, r * quads + off // 4, BLOCK_N)[None, :], u)
-    e = -tl.log(u)  # Exp(1); u == 0 gives +inf: that token cannot win
-    score = tl.where(sampled[:, None], lg / t[:, None] - tl.log(e), lg)
+    score = tl.where(sampled[:, None], _race_scores(lg, inv_t[:, None], u, FAST_LOG), lg)
     better = score > best_val  # strict: a lane keeps its earliest (lowest) index on ties
     return tl.where(better, score, best_val), tl.where(better, rn[None, :], best_idx)
 
@@ -106,6 +106,7 @@ def _lm_head_sample_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,  # >= K
     BLOCK_P: tl.constexpr,  # >= num_programs
+    FAST_LOG: tl.constexpr,  # as kernels.sampling's
 ):
     pdl_mod.release(PDL)
     pid = tl.program_id(0)
@@ -127,7 +128,7 @@ def _lm_head_sample_kernel(
         key = seed
     t = tl.load(temp_ptr + rm, mask=mask_m, other=0.0)  # (BLOCK_M,)
     sampled = t > 0.0
-    t = tl.where(sampled, t, 1.0)
+    inv_t = _inv_temperature(t, sampled)  # (BLOCK_M,)
     x_in = mask_m[:, None] & inside_k[None, :]
     x = tl.load(x_ptr + rm[:, None] * stride_x + rk[None, :], mask=x_in, other=0.0)  # (BLOCK_M, BLOCK_K)
     if NORM:  # x = rms_norm(x + residual), rounded as reference.fused_add_rms_norm rounds
@@ -147,8 +148,8 @@ def _lm_head_sample_kernel(
                          mask=(rn < N)[:, None] & inside_k[None, :], other=0.0)  # fmt: skip
         lg = tl.sum(xf[:, None, :] * w.to(tl.float32)[None, :, :], axis=2).to(x_ptr.dtype.element_ty)
         best_val, best_idx = _fold_block(lg, blk * BLOCK_N, N, logits_ptr, stride_l, rm, mask_m, key,
-                                         quads, sampled, t, best_val, best_idx, HAS_LOGITS, BLOCK_M,
-                                         BLOCK_N)  # fmt: skip
+                                         quads, sampled, inv_t, best_val, best_idx, HAS_LOGITS, BLOCK_M,
+                                         BLOCK_N, FAST_LOG)  # fmt: skip
     top = tl.max(best_val, axis=1)  # (BLOCK_M,)
     idx = tl.min(tl.where(best_val == top[:, None], best_idx, 2147483647), axis=1)
     idx = tl.where(top == float("-inf"), pid * BLOCK_N, idx)  # all -inf: the first index, as argmax
@@ -248,7 +249,8 @@ def lm_head_sample(
         ADVANCE_SEED=advance_seed, PUBLISH=publish is not None,
         SLOTS=publish[0].shape[0] if publish is not None else 1, PDL=on, NORM=has_norm,
         BLOCK_M=next_pow2(m), BLOCK_N=cfg.block_n, BLOCK_K=next_pow2(k),
-        BLOCK_P=next_pow2(cfg.num_programs), num_warps=cfg.num_warps, **pdl_mod.launch_kwargs(on),
+        BLOCK_P=next_pow2(cfg.num_programs), FAST_LOG=not is_interpreting(x), num_warps=cfg.num_warps,
+        **pdl_mod.launch_kwargs(on),
     )  # fmt: skip
     return out
 
