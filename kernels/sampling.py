@@ -122,12 +122,25 @@ def _log2(x, FAST: tl.constexpr):
 
 
 @triton.jit
+def _neg_log2_uniform(u, FAST: tl.constexpr):
+    """-log2(u) for u in [0, 1) to ~1e-5 relative (exact in the interpreter). Near 1 the result is tiny
+    (~1e-7 at 1 - 2^-24) while the approximate log2's absolute error is ~2^-22 there: for u > 1 - 2^-6
+    it comes from v = 1 - u (exact) by the series -ln(1 - v) = v + v^2/2 + v^3/3 + v^4/4 + ..., whose
+    next term is below 2^-26 of the sum."""
+    if FAST:
+        v = 1.0 - u
+        series = (v + v * v * (0.5 + v * (0.3333333333333333 + v * 0.25))) * 1.4426950408889634
+        return tl.where(v < 0.015625, series, -_log2(u, True))
+    return -tl.log2(u)
+
+
+@triton.jit
 def _race_scores(lg, inv_t, u, FAST: tl.constexpr):
     """The exponential race's scores in base 2: lg * log2(e) / T - log2(-log2 U) equals
     (lg / T - ln(-ln U)) / ln 2 plus a constant, so the winner is the same. inv_t = log2(e) / T;
     U == 0 scores -inf (that token cannot win). Shared by kernels.lm_head_sample, whose draws must
     equal sample_tokens' on the same logits."""
-    return lg * inv_t - _log2(-_log2(u, FAST), FAST)
+    return lg * inv_t - _log2(_neg_log2_uniform(u, FAST), FAST)
 
 
 @triton.jit

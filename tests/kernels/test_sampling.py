@@ -170,3 +170,35 @@ def test_seed_from_a_device_tensor_equals_the_int_seed():
     assert torch.equal(sample_tokens(logits, temps, torch.tensor([77]), num_chunks=2), want)
     with pytest.raises(ValueError, match="seed tensor"):
         sample_tokens(logits, temps, torch.tensor([77], dtype=torch.int32))
+
+
+@gpu
+def test_fast_neg_log2_of_uniforms_is_accurate_near_one():
+    # the compiled sampler's -log2(U) (approximate hardware log2, the series near 1) against float64,
+    # over every float32 in (1 - 2^-6, 1) (spacing 2^-24: the series' side), a spread of others
+    # from the smallest draws up to 0.99, and 1 - 2^-6 itself (the first on the log2 side)
+    import triton
+    import triton.language as tl
+
+    from kernels.sampling import _log2, _neg_log2_uniform
+
+    @triton.jit
+    def probe(u_ptr, e_ptr, g_ptr, n, BLOCK: tl.constexpr):
+        at = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        u = tl.load(u_ptr + at, mask=at < n, other=0.5)
+        e = _neg_log2_uniform(u, True)
+        tl.store(e_ptr + at, e, mask=at < n)
+        tl.store(g_ptr + at, _log2(e, True), mask=at < n)
+
+    near_one = 1.0 - torch.arange(1, 2**18, dtype=torch.float64) * 2.0**-24
+    spread = torch.linspace(2.0**-32, 0.99, 100_000, dtype=torch.float64)
+    spread = torch.cat([spread, torch.tensor([1.0 - 2.0**-6], dtype=torch.float64)])
+    u = torch.cat([near_one, spread]).float().cuda()
+    e, g = torch.empty_like(u), torch.empty_like(u)
+    probe[(triton.cdiv(u.numel(), 1024),)](u, e, g, u.numel(), BLOCK=1024)
+    truth = -torch.log2(u.double())
+    rel = ((e.double() - truth).abs() / truth).cpu()
+    assert bool(torch.isfinite(e).all()) and bool((e > 0).all())
+    assert rel.max().item() < 2e-5, rel.max().item()
+    assert rel[: near_one.numel()].max().item() < 1e-6  # the series' side, where the scores peak
+    assert (g.double() - torch.log2(truth)).abs().max().item() < 5e-5  # the Gumbel term in base 2
