@@ -927,15 +927,15 @@ def _gemv_sample_cases(dtype, device, tiny: bool, only: set[str]) -> list[Case]:
                     lambda x=x, w=w: ref.linear(x, w), (n * k + m * k + m * n) * elt, 2 * m * n * k,
                     check=lambda x=x, w=w: _err(gemv(x, w), ref.linear(*_f32(x, w))),
                 ))  # fmt: skip
-    if "sample" in only:
+    if "sample" in only:  # the logits in the model's dtype, as the engine samples them
         vocab = 1000 if tiny else VOCAB
-        for b in [2] if tiny else [1, 32]:
-            logits = torch.randn(b, vocab, device=device) * 4
+        for b in [2] if tiny else [1, 32, 256]:
+            logits = (torch.randn(b, vocab, device=device) * 4).to(dtype)
             temps = torch.full((b,), 0.6, device=device)
             greedy = torch.zeros(b, device=device)
             cases.append(Case(
-                "sample", f"{b}x{vocab} fp32 T=0.6", lambda lg=logits, t=temps: sample_tokens(lg, t, 7),
-                lambda lg=logits, t=temps: ref.sample_tokens(lg, t), b * vocab * 4,
+                "sample", f"{b}x{vocab} T=0.6", lambda lg=logits, t=temps: sample_tokens(lg, t, 7),
+                lambda lg=logits, t=temps: ref.sample_tokens(lg, t), logits.numel() * logits.element_size(),
                 check=lambda lg=logits, g=greedy: float(
                     not torch.equal(sample_tokens(lg, g, 7), lg.argmax(dim=-1))
                 ),
