@@ -3,7 +3,6 @@ decode steps have, timed from CUDA graphs, per tile configuration.
 
     python -m kernels.bench_w2                       # every 50th step, the engine's configs and others
     python -m kernels.bench_w2 --stride 100 --configs "128,4,3 64,4,3"
-    python -m kernels.bench_w2 --configs "128,4,3 128,4,3,2 64,4,3,3"   # against the stream-K launch
     python -m kernels.bench_w2 --tiny                # a few small steps on the CPU (Triton's interpreter)
 
 W2 (../shared/reference/benchmarks.md) decodes 256 sequences of 100-1,024 prompt tokens, each for its
@@ -54,32 +53,7 @@ def _batch(ctx: list[int], pool: tuple[torch.Tensor, torch.Tensor], dtype, devic
     return q, tables, seq_lens, new
 
 
-def _lean_fn(cfg: tuple[int, ...], q, pool, tables, seq_lens, new, device):
-    """kernels.decode_lean's launch at cfg (BLOCK_N, warps, stages, programs per SM[, 0: the new token's
-    q/k norm, RoPE and K/V store in a launch of their own before it]); its tile map is built once per
-    step in the engine (shared by the layers), so outside the timed call here."""
-    from kernels import decode_lean
-    from kernels.qk_norm_rope import qk_norm_rope_store_kv
-
-    tiles = decode_lean.tile_map(seq_lens, NUM_KV_HEADS, cfg[0], tables.shape[1] * BLOCK_SIZE)
-    p = decode_lean.programs(device, cfg[3])
-    fused = len(cfg) == 4 or cfg[4] != 0
-
-    def run():
-        nt = new
-        if not fused:
-            qk_norm_rope_store_kv(q, new.k, new.v, new.q_norm_weight, new.k_norm_weight, new.eps,
-                                  new.positions, new.cos_sin, pool[0], pool[1], new.slot_mapping)  # fmt: skip
-            nt = None
-        decode_lean.lean_decode_attention(
-            q, pool[0], pool[1], tables, seq_lens, HEAD_DIM**-0.5, new_token=nt, tiles=tiles, num_programs=p
-        )
-
-    return run
-
-
-def replay(configs: list[tuple[int, ...]], stride: int, timer: Timer, dtype, device, tiny: bool) -> None:
-    from kernels import decode_lean
+def replay(configs: list[tuple[int, int, int]], stride: int, timer: Timer, dtype, device, tiny: bool) -> None:
     from kernels import paged_attention as pa
 
     steps = w2_steps(stride, tiny)
@@ -88,19 +62,13 @@ def replay(configs: list[tuple[int, ...]], stride: int, timer: Timer, dtype, dev
     pool = _randn(*shape, dtype=dtype, device=device), _randn(*shape, dtype=dtype, device=device)
     keys = ("interpret",) if device.type == "cpu" else ("16bit_wide", "16bit")
     saved = {k: pa.DECODE_CONFIGS[k] for k in keys}
-    lean_key = "interpret" if device.type == "cpu" else "16bit"
-    saved_lean = decode_lean.LEAN_CONFIGS[lean_key]
     gen = torch.Generator().manual_seed(0)
     batches = [(t, ctx, _batch(ctx, pool, dtype, device, gen)) for t, ctx in steps]
     totals = {}
     try:
         for cfg in configs:
-            lean = len(cfg) >= 4
-            if lean:
-                decode_lean.LEAN_CONFIGS[lean_key] = cfg[:4]
-            else:
-                for k in keys:  # the wide steps' tile and the split steps' alike
-                    pa.DECODE_CONFIGS[k] = cfg
+            for k in keys:  # the wide steps' tile and the split steps' alike
+                pa.DECODE_CONFIGS[k] = cfg
             total, cells = 0.0, []
             for t, ctx, (q, tables, seq_lens, new) in batches:
                 order = pa.longest_first(seq_lens) if pa.wants_order(len(ctx), NUM_KV_HEADS, device) else None
@@ -108,8 +76,6 @@ def replay(configs: list[tuple[int, ...]], stride: int, timer: Timer, dtype, dev
                 fn = lambda q=q, tb=tables, sl=seq_lens, nt=new, o=order, m=bound: pa.paged_decode_attention(
                     q, pool[0], pool[1], tb, sl, HEAD_DIM**-0.5, max_seq_len=m, new_token=nt, order=o
                 )
-                if lean:
-                    fn = _lean_fn(cfg, q, pool, tables, seq_lens, new, device)
                 sec = timer.graph(fn) or timer.eager(fn)
                 nbytes = sum(ctx) * NUM_KV_HEADS * HEAD_DIM * 2 * pool[0].element_size()
                 cells.append(f"{t}:B{len(ctx)} {sec * 1e6:.1f} ({nbytes / sec / 1e12:.2f})")
@@ -118,32 +84,23 @@ def replay(configs: list[tuple[int, ...]], stride: int, timer: Timer, dtype, dev
             print(f"{cfg}: W2 total {total * 1e3:.0f} ms | step:batch us (TB/s): {'  '.join(cells)}")
     finally:
         pa.DECODE_CONFIGS.update(saved)
-        decode_lean.LEAN_CONFIGS[lean_key] = saved_lean
     best = min(totals, key=totals.get)
     print(f"best {best}: {totals[best] * 1e3:.0f} ms (first listed: {totals[configs[0]] * 1e3:.0f} ms)")
 
 
-def _config(text: str) -> tuple[int, ...]:
+def _config(text: str) -> tuple[int, int, int]:
     try:
-        cfg = tuple(int(x) for x in text.split(","))
+        block_n, warps, stages = (int(x) for x in text.split(","))
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"a config is integers, got {text!r}") from exc
-    if len(cfg) not in (3, 4, 5):
-        raise argparse.ArgumentTypeError(
-            f"a config is BLOCK_N,warps,stages[,programs per SM[,fused 0/1]], got {text!r}"
-        )
-    return cfg
+        raise argparse.ArgumentTypeError(f"a config is BLOCK_N,warps,stages, got {text!r}") from exc
+    return block_n, warps, stages
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.bench_w2", description=__doc__.split("\n\n")[0])
     parser.add_argument("--stride", type=int, default=50, help="time every STRIDE-th decode step of W2")
     parser.add_argument(
-        "--configs",
-        default=None,
-        help="space-separated BLOCK_N,warps,stages (the engine's decode launch) or BLOCK_N,warps,stages,"
-        "programs-per-SM[,0: q/k norm and RoPE launched apart] (the stream-K launch, kernels.decode_lean); "
-        "default: a sweep of the first",
+        "--configs", default=None, help="space-separated BLOCK_N,warps,stages (default: a sweep)"
     )
     parser.add_argument("--reps", type=int, default=30, help="timed replays per step (median)")
     parser.add_argument(
