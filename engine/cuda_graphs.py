@@ -96,9 +96,6 @@ STEP_GRAPH_MAX_SIZE = 8
 # replay. H200 W3, two pairs on one machine: 1,266 / 1,266 tok/s against 1,255 / 1,255 with the copies.
 MAPPED_IO = True
 MAPPED_SLOTS = 4  # the host reads replay k's tokens before it launches replay k + 2
-# The other decode graphs read their inputs from a device ring that a side stream fills while the step
-# before computes (engine.input_ring), instead of copies on the compute stream between the steps.
-RING_IO = True
 
 
 class DecodeGraphs(_TokenGraphs):
@@ -140,14 +137,7 @@ class DecodeGraphs(_TokenGraphs):
         self.temps = torch.zeros(n, dtype=torch.float32, device=device)
         self.seed = torch.tensor([(sample_seed or 0) & 0x7FFFFFFF], dtype=torch.int64, device=device)
         self._temps_src: torch.Tensor | None = None
-        self.ring = None  # RING_IO: the plain graphs' inputs (engine.input_ring)
-        if RING_IO:
-            from engine.input_ring import InputRing
-
-            self.ring = InputRing(n, max_blocks, device)
         self.graphs = capture_ladder(self.sizes, self._forward, "capturing CUDA graphs")
-        if self.ring is not None:
-            self.ring.restart()
         self.step_graphs = {}
         samples = sample_seed is not None
         self.step_sizes = [s for s in self.sizes if s <= STEP_GRAPH_MAX_SIZE and samples]
@@ -175,22 +165,13 @@ class DecodeGraphs(_TokenGraphs):
         """What every graph launches first (kernels.step_inputs)."""
         ops.decode_step_inputs(self.inputs64, self.inputs32, self.block_tables, self.tokens, size)
 
-    def ring_inputs(self, size: int) -> None:
-        """What a plain graph launches first with RING_IO: the ring row of the device counter into the
-        static inputs, the counter advanced."""
-        r = self.ring
-        ops.mapped_step_inputs(r.dev64, r.dev32, r.counter, self.inputs64, self.seq_lens, self.block_tables,
-                               self.tokens, size, r.arrivals)  # fmt: skip
-
     def _forward(self, bs: int) -> torch.Tensor:
-        return self.model.compute_logits(self._hidden(bs, ring=self.ring is not None))
+        return self.model.compute_logits(self._hidden(bs))
 
-    def _hidden(self, bs: int, final_norm: bool = True, mapped: bool = False, ring: bool = False):
+    def _hidden(self, bs: int, final_norm: bool = True, mapped: bool = False):
         if mapped:
             ops.mapped_step_inputs(self.host64, self.host32, self.published, self.inputs64, self.seq_lens,
                                    self.block_tables, self.tokens, bs)  # fmt: skip
-        elif ring:
-            self.ring_inputs(bs)
         else:
             self.finish_inputs(bs)
         meta = AttentionMetadata(
@@ -227,11 +208,7 @@ class DecodeGraphs(_TokenGraphs):
         size = self.padded_size(bs)
         assert size is not None
         graph, logits = self.graphs[size]
-        if self.ring is not None:
-            self.ring.before_replay()
         graph.replay()
-        if self.ring is not None:
-            self.ring.after_replay()
         return logits[:bs]
 
     def samples(self, bs: int) -> bool:

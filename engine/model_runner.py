@@ -213,8 +213,6 @@ class ModelRunner:
         with slot -1 and length 0. The graph's first launch copies the block-table rows into its table
         and the tokens in flight from the graph's `tokens` into the ids (the previous draw put there by
         _take_pending, or by `run` with defer_pending)."""
-        if self.graphs.ring is not None:
-            return self._prepare_ring_step(d, pending, defer_pending)
         g, (ids, pos, slots, pend_at, pend_rows, tables) = self.graphs, d
         n, nd = g.sizes[-1], ids.size
         head = np.zeros(3 * n + 4, dtype=np.int64)  # ids | positions | slots | k, rows, width, 0
@@ -236,25 +234,22 @@ class ModelRunner:
         next input row (DecodeGraphs.mapped_inputs), which its first launch moves into the static inputs;
         an id in flight is marked with its row in the previous draw, read from the graph's `tokens`. No
         copy to the device."""
-        h64, h32 = (t.numpy() for t in self.graphs.mapped_inputs())
-        _fill_ring_row(h64, h32, d, self.graphs.sizes[-1])
-        if d.pend_at.size:
+        g, (ids, pos, slots, pend_at, pend_rows, tables) = self.graphs, d
+        n, nd = g.sizes[-1], ids.size
+        width = tables.shape[1]
+        h64, h32 = (t.numpy() for t in g.mapped_inputs())
+        h64[: 2 * n] = 0  # padding rows: id 0 at position 0, as the copied steps' padding
+        h64[:nd], h64[n : n + nd] = ids, pos
+        h64[2 * n : 4 * n] = -1  # slots past the batch write nothing; src -1: no id in flight
+        h64[2 * n : 2 * n + nd] = slots
+        h64[3 * n + pend_at] = pend_rows
+        h64[4 * n : 4 * n + 2] = (nd, width)
+        h32[:n] = 0
+        h32[:nd] = pos + 1
+        h32[n:].reshape(n, -1)[:nd, :width] = tables  # row r at n + r * max_blocks
+        if pend_at.size:
             self._take_pending(pending)
-        return self._graph_step(d.pos, torch.from_numpy(d.tables))  # (the graph reads its own table)
-
-    def _prepare_ring_step(
-        self, d: _Decodes, pending: torch.Tensor | None, defer_pending: bool
-    ) -> StepInputs:
-        """A decode step of a plain graph with cuda_graphs.RING_IO: written into the next pinned row of
-        the graphs' input ring, as for a mapped step graph, and copied to the device ring on the ring's
-        own stream (engine.input_ring); the graph's first launch moves it into the static inputs."""
-        ring = self.graphs.ring
-        h64, h32 = ring.rows()
-        _fill_ring_row(h64, h32, d, self.graphs.sizes[-1])
-        ring.upload(d.ids.size)
-        if d.pend_at.size and not defer_pending:
-            self._take_pending(pending)
-        return self._graph_step(d.pos, torch.from_numpy(d.tables))
+        return self._graph_step(pos, torch.from_numpy(tables))  # (the graph reads its own table)
 
     def _take_pending(self, pending: torch.Tensor | None) -> None:
         if pending is None:
@@ -350,22 +345,6 @@ class StepInputs(NamedTuple):
     sampling: list[int]  # batch positions of the sequences that sample, in row order
     pending_at: torch.Tensor | None = None  # (2k,) positions of in-flight tokens, then their sampled rows
     in_graph: bool = False  # a decode step whose tensors are views of the decode graph's static inputs
-
-
-def _fill_ring_row(h64: np.ndarray, h32: np.ndarray, d: _Decodes, n: int) -> None:
-    """A decode step in the ring layout of kernels.step_inputs (mapped inputs): int64 [ids | positions |
-    slots | src (n each) | rows, width, 0, 0], int32 [lengths (n) | tables, row r at n + r * max_blocks]."""
-    ids, pos, slots, pend_at, pend_rows, tables = d
-    nd, width = ids.size, tables.shape[1]
-    h64[: 2 * n] = 0  # padding rows: id 0 at position 0, as the copied steps' padding
-    h64[:nd], h64[n : n + nd] = ids, pos
-    h64[2 * n : 4 * n] = -1  # slots past the batch write nothing; src -1: no id in flight
-    h64[2 * n : 2 * n + nd] = slots
-    h64[3 * n + pend_at] = pend_rows
-    h64[4 * n : 4 * n + 2] = (nd, width)
-    h32[:n] = 0
-    h32[:nd] = pos + 1
-    h32[n:].reshape(n, -1)[:nd, :width] = tables  # row r at n + r * max_blocks
 
 
 def _fill_pending(step: StepInputs, pending: torch.Tensor | None) -> None:

@@ -490,18 +490,14 @@ def mapped_step_inputs(
     table: torch.Tensor,  # (n, max_blocks) int32
     tokens: torch.Tensor,  # (n,) int64: the previous step's sampled ids
     size: int,  # the captured batch
-    arrivals: torch.Tensor | None = None,  # (1,) int32 zero: the launch advances the counter itself
 ) -> None:
-    """A step graph's first launch reading the step from a ring of pinned host memory, or of device
-    memory the host copies into (kernels.step_inputs)."""
+    """A step graph's first launch reading the step from pinned host memory (kernels.step_inputs)."""
     if use_triton(head):
         from kernels.step_inputs import mapped_step_inputs as triton_mapped
 
-        triton_mapped(host64, host32, counter, head, lens, table, tokens, size, arrivals)
+        triton_mapped(host64, host32, counter, head, lens, table, tokens, size)
     else:
         ref.mapped_step_inputs(host64, host32, counter, head, lens, table, tokens, size)
-        if arrivals is not None:
-            counter += 1
 
 
 def decode_step_inputs(

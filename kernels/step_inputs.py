@@ -91,7 +91,6 @@ def _mapped_inputs_kernel(
     host64_ptr,  # (slots, 4n + 4) int64 pinned: [ids | positions | slots | src | rows, width, 0, 0]
     host32_ptr,  # (slots, n + n * max_blocks) int32 pinned: [lengths | the tables, (n, max_blocks)]
     counter_ptr,  # (1,) int64 on the device: the ring row of this launch is counter % slots
-    arrivals_ptr,  # ADVANCE: (1,) int32 zero on the device, left zeroed
     head_ptr,  # (3n + ...) int64 on the device: [ids | positions | slots]
     lens_ptr,  # (n,) int32 on the device
     table_ptr,  # (n, max_blocks) int32, contiguous
@@ -103,12 +102,10 @@ def _mapped_inputs_kernel(
     SLOTS: tl.constexpr,
     BLOCK_W: tl.constexpr,
     RELEASE: tl.constexpr,  # let the next launch (with programmatic dependent launch) start at once
-    ADVANCE: tl.constexpr,  # the last program to finish advances the counter (no publish launch after)
 ):
     pdl.release(RELEASE)
     r = tl.program_id(0)
-    count = tl.load(counter_ptr)
-    at = count % SLOTS
+    at = tl.load(counter_ptr) % SLOTS
     h64 = host64_ptr + at * stride64
     h32 = host32_ptr + at * stride32
     src = tl.load(h64 + 3 * n + r)
@@ -126,12 +123,6 @@ def _mapped_inputs_kernel(
     tl.store(dst_row + c, first, mask=c < width)
     if width > BLOCK_W:
         _copy_row(src_row + BLOCK_W, dst_row + BLOCK_W, width - BLOCK_W, BLOCK_W)
-    if ADVANCE:  # every program has read the counter once all have arrived
-        tl.debug_barrier()
-        arrived = tl.atomic_add(arrivals_ptr, 1, sem="acq_rel", scope="gpu")
-        if arrived == tl.num_programs(0) - 1:
-            tl.store(arrivals_ptr, 0)
-            tl.store(counter_ptr, count + 1)
 
 
 def mapped_step_inputs(
@@ -143,13 +134,10 @@ def mapped_step_inputs(
     table: torch.Tensor,  # (n, max_blocks) int32
     tokens: torch.Tensor,  # (n,) int64
     size: int,  # the captured batch: rows 0..size-1 are written
-    arrivals: torch.Tensor | None = None,  # (1,) int32 zero on the device: advance the counter here
 ) -> None:
     """A step graph's first launch when the host writes the step straight into pinned memory (matches
     reference.mapped_step_inputs): row r of the ids, positions, slots and lengths (the id from
-    `tokens` where the host marked it in flight) and, for r < rows, its block-table row. The rings may
-    also be device memory that the host fills by copies (engine.input_ring); with `arrivals` the
-    launch advances the counter itself."""
+    `tokens` where the host marked it in flight) and, for r < rows, its block-table row."""
     from kernels.publish import Mapped
 
     n, max_blocks = table.shape
@@ -159,12 +147,9 @@ def mapped_step_inputs(
         )
     if host64.shape[0] != host32.shape[0] or not (host64.is_contiguous() and host32.is_contiguous()):
         raise ValueError("host rings must be contiguous, with as many rows each")
-    mapped = head.device.type == "cuda" and host64.device.type == "cpu"
-    h64, h32 = (Mapped(host64), Mapped(host32)) if mapped else (host64, host32)
-    if arrivals is not None and (arrivals.dtype != torch.int32 or arrivals.numel() != 1):
-        raise ValueError("arrivals must be one int32")
+    on_gpu = head.device.type == "cuda"
+    h64, h32 = (Mapped(host64), Mapped(host32)) if on_gpu else (host64, host32)
     _mapped_inputs_kernel[(size,)](
-        h64, h32, counter, arrivals if arrivals is not None else counter, head, lens, table, tokens, n,
-        max_blocks, host64.stride(0), host32.stride(0), SLOTS=host64.shape[0], BLOCK_W=128,
-        RELEASE=pdl.enabled(head.device), ADVANCE=arrivals is not None, num_warps=1,
+        h64, h32, counter, head, lens, table, tokens, n, max_blocks, host64.stride(0), host32.stride(0),
+        SLOTS=host64.shape[0], BLOCK_W=128, RELEASE=pdl.enabled(head.device), num_warps=1,
     )  # fmt: skip

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import contextlib
 
-import numpy as np
-import pytest
 import torch
 
 from engine import cuda_graphs
@@ -60,7 +58,6 @@ def test_graph_inputs_are_finished_by_the_graphs_first_launch(monkeypatch):
     # (tests/engine/test_prepare.py); each graph first runs finish_inputs, which copies the table rows
     # into the graph's table and the tokens still in flight from `tokens` into the ids
     replays = stub_graphs(monkeypatch)
-    monkeypatch.setattr(cuda_graphs, "RING_IO", False)  # the static buffers filled by copies
     cpu = torch.device("cpu")
     dec = cuda_graphs.DecodeGraphs(Model(), [], [1, 4], 6, cpu)
     assert dec.slot_mapping.tolist() == [-1] * 4 and dec.input_ids.data_ptr() == dec.inputs64.data_ptr()
@@ -79,47 +76,6 @@ def test_graph_inputs_are_finished_by_the_graphs_first_launch(monkeypatch):
     # the sampler replays its graph on the whole buffer that run() returned the leading rows of
     assert dec.static_output(logits) is dec.graphs[4][1]
     assert dec.static_output(logits.clone()) is None and dec.static_output(torch.zeros(9, 10)) is None
-
-
-def test_plain_graphs_read_their_inputs_from_the_ring(monkeypatch):
-    """RING_IO: each step is written into the next row of the input ring (engine.input_ring); the graph's
-    first launch moves the row the device counter names into the static inputs and advances it, so
-    consecutive steps alternate rows; a replay needs its row prepared first."""
-    replays = stub_graphs(monkeypatch)
-    monkeypatch.setattr(cuda_graphs, "RING_IO", True)
-    dec = cuda_graphs.DecodeGraphs(Model(), [], [1, 4], 6, torch.device("cpu"))
-    ring = dec.ring
-    assert int(ring.counter) == 0 and ring.filled == ring.replayed == 0  # the captures' runs forgotten
-    assert dec.slot_mapping.tolist() == [-1] * 4  # the captures wrote no K/V
-    with pytest.raises(RuntimeError, match="prepared"):
-        dec.run(3)
-    dec.tokens.copy_(torch.tensor([40, 41, 42, 43]))
-    for step in range(3):
-        h64, h32 = ring.rows()
-        h64[:4] = [10 * step, 10 * step + 1, 10 * step + 2, 0]  # ids
-        h64[4:8] = [7, 8, 9, 0]  # positions
-        h64[8:16] = -1  # slots and sources: none written, none in flight ...
-        h64[8:11] = [100 + step, 101, 102]
-        h64[13] = 2  # ... but row 1's id is tokens[2]
-        h64[16:18] = (3, 2)  # rows, width
-        h32[:4] = [8, 9, 10, 0]
-        h32[4 : 4 + 3 * 6] = np.arange(3 * 6) + step
-        ring.upload(3)
-        dec.ring_inputs(4)  # what the replay's first launch runs (the stubbed replay runs nothing)
-        dec.run(3)
-        assert dec.input_ids.tolist() == [10 * step, 42, 10 * step + 2, 0]
-        assert dec.slot_mapping.tolist() == [100 + step, 101, 102, -1] and dec.seq_lens.tolist() == [
-            8,
-            9,
-            10,
-            0,
-        ]
-        assert dec.block_tables[:3, :2].tolist() == [
-            [step, step + 1],
-            [step + 6, step + 7],
-            [step + 12, step + 13],
-        ]
-    assert int(ring.counter) == ring.replayed == ring.filled == 3 and len(replays) == 3
 
 
 def test_step_graphs_sample_into_tokens(monkeypatch):

@@ -55,19 +55,15 @@ def expected(batch, bs: int, pending: torch.Tensor | None) -> dict:
     return out
 
 
-def graph_runner(
-    block_size: int, max_num_seqs: int, monkeypatch, mapped: bool = False, ring: bool = False
-) -> ModelRunner:
+def graph_runner(block_size: int, max_num_seqs: int, monkeypatch, mapped: bool = False) -> ModelRunner:
     """bare_runner with decode graphs for batch sizes 1, 2 and 4 (CUDA's graph API stubbed: a replay
     only records itself), so prepare writes decode-only steps into their static buffers; mapped: with
-    step graphs that read their inputs from host rings (cuda_graphs.MAPPED_IO); ring: the plain graphs
-    read theirs from the device ring (cuda_graphs.RING_IO)."""
+    step graphs that read their inputs from host rings (cuda_graphs.MAPPED_IO)."""
     from engine import cuda_graphs
     from tests.engine.graph_stubs import Model, stub_graphs
 
     stub_graphs(monkeypatch)
     monkeypatch.setattr(cuda_graphs, "MAPPED_IO", mapped)
-    monkeypatch.setattr(cuda_graphs, "RING_IO", ring)
     runner = bare_runner(block_size, max_num_seqs)
     seed = 0 if mapped else None
     runner.graphs = cuda_graphs.DecodeGraphs(
@@ -88,25 +84,15 @@ def _mapped_launch(g) -> None:
     g.step_replays += 1
 
 
-def _ring_launch(g) -> None:
-    """What a plain graph runs first with RING_IO, around it the ring's replay bookkeeping."""
-    g.ring.before_replay()
-    g.ring_inputs(4)
-    g.ring.after_replay()
-
-
-@pytest.mark.parametrize("mode", ["eager", "graphs", "mapped", "ring"])
+@pytest.mark.parametrize("mode", ["eager", "graphs", "mapped"])
 def test_prepare_matches_the_per_token_rule(mode, monkeypatch):
     """With decode graphs, decode-only batches they take are prepared into their static buffers; with
-    mapped step graphs into a host ring row that the graph's first launch moves in; with the input ring
-    into a row the ring copies to the device, which the graph's first launch moves in."""
+    mapped step graphs into a host ring row that the graph's first launch moves in."""
     rng = random.Random(0)
     bs = 4
     graphs = mode != "eager"
     sched = Scheduler(BlockManager(num_blocks=40, block_size=bs), max_num_seqs=8, max_num_batched_tokens=24)
-    runner = (
-        graph_runner(bs, 8, monkeypatch, mode == "mapped", mode == "ring") if graphs else bare_runner(bs, 8)
-    )
+    runner = graph_runner(bs, 8, monkeypatch, mode == "mapped") if graphs else bare_runner(bs, 8)
     in_graph = 0
     sampled: torch.Tensor | None = None  # the previous step's sampled ids
     inflight: list[tuple[Sequence, int, int]] = []  # (seq, position, row in sampled)
@@ -130,8 +116,6 @@ def test_prepare_matches_the_per_token_rule(mode, monkeypatch):
             g, nd = runner.graphs, len(batch.seqs)
             if mapped:
                 _mapped_launch(g)
-            elif mode == "ring":
-                _ring_launch(g)
             else:
                 g.finish_inputs(4)  # what each decode graph launches first
             assert ids.data_ptr() == g.input_ids.data_ptr() and meta.num_decodes == nd
@@ -188,8 +172,6 @@ def test_prepare_matches_the_per_token_rule(mode, monkeypatch):
     assert steps > 100
     assert sched.num_preemptions > 0  # the pool is small: tables were freed and built again
     assert (in_graph > 50) == graphs
-    if mode == "ring":  # every prepared row was consumed, the device counter with the host's count
-        assert runner.graphs.ring.replayed == runner.graphs.ring.filled == int(runner.graphs.ring.counter)
 
 
 def test_a_prefill_chunk_ending_in_a_token_in_flight_is_patched():

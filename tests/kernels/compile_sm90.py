@@ -132,10 +132,6 @@ def _launches(dtype: torch.dtype):
             mapped_step_inputs(ring64, ring32, seed, torch.zeros(44, dtype=torch.int64),
                                torch.zeros(8, dtype=torch.int32), torch.zeros((8, 256), dtype=torch.int32),
                                torch.zeros(8, dtype=torch.int64), 4)  # fmt: skip
-            mapped_step_inputs(ring64, ring32, seed, torch.zeros(44, dtype=torch.int64),
-                               torch.zeros(8, dtype=torch.int32), torch.zeros((8, 256), dtype=torch.int32),
-                               torch.zeros(8, dtype=torch.int64), 4,
-                               torch.zeros(1, dtype=torch.int32))  # fmt: skip  (engine.input_ring's launch)
 
             table, tokens = torch.zeros((8, 256), dtype=torch.int32), torch.zeros(8, dtype=torch.int64)
             packed = torch.zeros(8 + 8 * 256, dtype=torch.int32)

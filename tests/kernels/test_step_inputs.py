@@ -80,25 +80,3 @@ def test_mapped_inputs_match_the_reference(n, rows, width, slot):
     # row r's table at n + r * max_blocks (a fixed place: asked for before the width is known)
     assert torch.equal(table[:rows, :width], h32[n:].view(n, max_blocks)[:rows, :width])
     assert (table[rows:] == -7).all() and (table[:, width:] == -7).all()
-
-
-def test_mapped_inputs_advance_their_counter():
-    """With `arrivals` the launch reads the row of the counter it found, then the last of its programs
-    advances the counter and leaves the arrival count at zero: consecutive launches walk the ring."""
-    from kernels.step_inputs import mapped_step_inputs
-
-    n, max_blocks, slots = 4, 8, 2
-    host64 = torch.zeros((slots, 4 * n + 4), dtype=torch.int64)
-    host32 = torch.zeros((slots, n + n * max_blocks), dtype=torch.int32)
-    for at in range(slots):
-        host64[at, :n] = 10 * (at + 1) + torch.arange(n)  # ids of row `at`
-        host64[at, 3 * n : 4 * n] = -1  # none in flight
-    counter, arrivals = torch.tensor([5]), torch.zeros(1, dtype=torch.int32)
-    head, lens = torch.zeros(5 * n + 4, dtype=torch.int64), torch.zeros(n, dtype=torch.int32)
-    table, tokens = torch.zeros((n, max_blocks), dtype=torch.int32), torch.zeros(n, dtype=torch.int64)
-    seen = []
-    for _ in range(3):
-        mapped_step_inputs(host64, host32, counter, head, lens, table, tokens, n, arrivals)
-        seen.append(head[:n].tolist())
-    assert seen == [[20, 21, 22, 23], [10, 11, 12, 13], [20, 21, 22, 23]]  # rows 5 % 2, 6 % 2, 7 % 2
-    assert counter.tolist() == [8] and arrivals.tolist() == [0]
