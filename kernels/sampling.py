@@ -105,10 +105,13 @@ def _pick_row(best_val_ptr, best_idx_ptr, out_ptr, row, num_chunks, BLOCK_C: tl.
     tl.store(out_ptr + row, tl.min(tl.where(vals == best, idxs, 2147483647), axis=0).to(tl.int64))
 
 
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e) = 1 / ln 2
+
+
 @triton.jit
 def _inv_temperature(t, sampled):
     """log2(e) / T for _race_scores (1 where the row is greedy)."""
-    return 1.4426950408889634 / tl.where(sampled, t, 1.0)
+    return LOG2E / tl.where(sampled, t, 1.0)
 
 
 @triton.jit
@@ -129,7 +132,7 @@ def _neg_log2_uniform(u, FAST: tl.constexpr):
     next term is below 2^-26 of the sum."""
     if FAST:
         v = 1.0 - u
-        series = (v + v * v * (0.5 + v * (0.3333333333333333 + v * 0.25))) * 1.4426950408889634
+        series = (v + v * v * (0.5 + v * (0.3333333333333333 + v * 0.25))) * LOG2E
         return tl.where(v < 0.015625, series, -_log2(u, True))
     return -tl.log2(u)
 
