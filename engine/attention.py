@@ -26,6 +26,9 @@ class AttentionMetadata:
     prefill_seq_lens: torch.Tensor | None  # (num_prefills,) int32
     prefill_max_q: int = 0
     decode_max_seq_len: int = 0  # python int: bound for split-K kernels (no host sync)
+    # (2, num_tiles) int32: the prefill kernel's programs listed per query tile (ops.prefill_tile_map),
+    # for a captured step replayed over other sequences (engine.batch_graphs); None: a grid per launch
+    prefill_tile_map: torch.Tensor | None = None
     _decode_order: tuple[torch.Tensor | None] | None = field(default=None, init=False, repr=False)
 
     def decode_order(self, num_kv_heads: int) -> torch.Tensor | None:
@@ -54,23 +57,34 @@ def paged_attention(
             q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale, sliding_window,
             max_seq_len=max_len, order=order,
         )  # fmt: skip
+    prefill = (meta.prefill_block_tables, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, scale,
+               sliding_window)  # fmt: skip
+    if meta.prefill_tile_map is not None:
+        # a captured step (engine.batch_graphs): decode rows 0..nd-1 (padding ones have length 0), then
+        # the prefill chunks' tiles over the whole step, their query offsets counted from its first row
+        out = torch.empty_like(q)
+        if nd:
+            ops.decode_attention(
+                q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale,
+                sliding_window, out=out[:nd], order=order,
+            )  # fmt: skip
+        return ops.paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            *prefill,
+            max_seqlen_q=meta.prefill_max_q,
+            out=out,
+            tile_map=meta.prefill_tile_map,
+        )
+    if not nd:
+        return ops.paged_attention(q, k_cache, v_cache, *prefill, max_seqlen_q=meta.prefill_max_q)
     out = torch.empty_like(q)
-    if nd:
-        out[:nd] = ops.decode_attention(
-            q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale, sliding_window,
-            max_seq_len=max_len, order=order,
-        )  # fmt: skip
-    out[nd:] = ops.paged_attention(
-        q[nd:],
-        k_cache,
-        v_cache,
-        meta.prefill_block_tables,
-        meta.prefill_cu_seqlens_q,
-        meta.prefill_seq_lens,
-        scale,
-        sliding_window,
-        max_seqlen_q=meta.prefill_max_q,
-    )
+    out[:nd] = ops.decode_attention(
+        q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale, sliding_window,
+        max_seq_len=max_len, order=order,
+    )  # fmt: skip
+    out[nd:] = ops.paged_attention(q[nd:], k_cache, v_cache, *prefill, max_seqlen_q=meta.prefill_max_q)
     return out
 
 

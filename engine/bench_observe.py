@@ -52,7 +52,8 @@ class HostTimeline:
                 import torch
 
                 wrap(torch.cuda.Event, "synchronize", "Event.synchronize")
-            for graphs in (self.core.runner.graphs, self.core.runner.extend_graphs):
+            runner = self.core.runner
+            for graphs in (runner.graphs, runner.extend_graphs, runner.batch_graphs):
                 if graphs is not None:
                     wrap(graphs, "run", f"{type(graphs).__name__}.run")
                     for graph, _ in _all_graphs(graphs):
@@ -76,7 +77,7 @@ class HostTimeline:
 
 
 def _all_graphs(graphs) -> list:
-    """(graph, output) of every graph a DecodeGraphs or ExtendGraphs holds."""
+    """(graph, output) of every graph a DecodeGraphs, ExtendGraphs or BatchGraphs holds."""
     return list(graphs.graphs.values()) + list(getattr(graphs, "step_graphs", {}).values())
 
 
@@ -105,7 +106,7 @@ class GpuGaps:
         timers.around(core.runner, "prepare", after=mark("prepared"))
         timers.around(core.sampler, "sample", after=mark("sampled"))
         timers.around(core, "_launched", after=mark("tokens"))
-        for graphs in (core.runner.graphs, core.runner.extend_graphs):
+        for graphs in (core.runner.graphs, core.runner.extend_graphs, core.runner.batch_graphs):
             if graphs is not None:
                 for graph, _ in _all_graphs(graphs):
                     timers.around(graph, "replay", mark("replay"))

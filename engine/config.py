@@ -43,6 +43,9 @@ class EngineConfig:
     # a lone prefill chunk of up to this many tokens (a chat turn over a cached history) replays a
     # captured graph; 0: always eager
     prefill_graph_max_tokens: int = 512
+    # CUDA: a step with prefill chunks (any mix of sequences) of up to this many tokens replays a
+    # captured graph (engine.batch_graphs), capped at max_num_batched_tokens; 0: always eager
+    batch_graph_max_tokens: int = 8192
     num_threads: int | None = None  # torch CPU threads
 
     def __post_init__(self) -> None:
@@ -55,11 +58,10 @@ class EngineConfig:
             positive(name)
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"EngineConfig.block_size must be a power of two, got {self.block_size}")
-        if not isinstance(self.prefill_graph_max_tokens, int) or self.prefill_graph_max_tokens < 0:
-            raise ValueError(
-                "EngineConfig.prefill_graph_max_tokens must be a non-negative integer, "
-                f"got {self.prefill_graph_max_tokens!r}"
-            )
+        for name in ("prefill_graph_max_tokens", "batch_graph_max_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"EngineConfig.{name} must be a non-negative integer, got {value!r}")
         if self.num_kv_blocks is not None:
             positive("num_kv_blocks")
         if self.max_model_len is not None:

@@ -36,6 +36,7 @@ class ModelRunner:
     _tables: BlockTables | None = None  # created by the first prepare
     _staging: Staging | None = None
     graphs = None  # cuda_graphs.DecodeGraphs on CUDA unless eager
+    batch_graphs = None  # batch_graphs.BatchGraphs: steps with prefill chunks
 
     def __init__(self, model, config: EngineConfig, device: torch.device, dtype: torch.dtype) -> None:
         self.model = model
@@ -56,7 +57,9 @@ class ModelRunner:
         ]
         self.graphs = None
         self.extend_graphs = None
+        self.batch_graphs = None
         if self.device.type == "cuda" and not config.enforce_eager:
+            from engine.batch_graphs import BatchGraphs, default_batch_sizes
             from engine.cuda_graphs import DecodeGraphs, ExtendGraphs, default_extend_sizes, default_sizes
 
             sizes = config.cuda_graph_sizes or default_sizes(config.max_num_seqs)
@@ -69,6 +72,12 @@ class ModelRunner:
             extend = default_extend_sizes(limit)
             if extend:
                 self.extend_graphs = ExtendGraphs(model, self.kv_caches, extend, max_blocks, device)
+            limit = min(config.batch_graph_max_tokens, config.max_num_batched_tokens)
+            batch_sizes = default_batch_sizes(limit)
+            if batch_sizes:
+                self.batch_graphs = BatchGraphs(
+                    model, self.kv_caches, batch_sizes, config.max_num_seqs, max_blocks, device, dtype
+                )
         log.info(
             "KV cache: %d blocks x %d tokens (%.1f MiB)",
             self.num_blocks,
@@ -154,6 +163,24 @@ class ModelRunner:
             pre_start = np.array(p_start, dtype=np.int64)
             p_pos = np.arange(cu[-1], dtype=np.int64) + np.repeat(pre_start - cu[:-1], q)
             p_slots = table[np.repeat(rows[nd:], q), p_pos // bs].astype(np.int64) * bs + p_pos % bs
+            if self._batch_graph_takes(len(seqs), nd + len(p_ids)):
+                width = int(num_blocks.max())
+                return self._prepare_batch_step(
+                    np.concatenate([d_ids, np.array(p_ids, dtype=np.int64)]),
+                    np.concatenate([d_pos, p_pos]),
+                    np.concatenate([d_slots, p_slots]),
+                    np.array(sample_rows, dtype=np.int64),
+                    sampling,
+                    np.concatenate(
+                        [pend_at, np.array(p_pend_at, np.int64), pend_rows, np.array(p_pend_rows, np.int64)]
+                    ),
+                    np.concatenate([np.ones(nd, dtype=np.int64), q]),
+                    np.concatenate([d_pos + 1, pre_start + q]),
+                    table[rows, :width],
+                    nd,
+                    pending,
+                    defer_pending,
+                )
 
         up = _Upload()
         h_ids = up.add(np.concatenate([d_ids, np.array(p_ids, dtype=np.int64)]), torch.int64)
@@ -192,6 +219,48 @@ class ModelRunner:
         in_flight = t[h_pend] if k else None
         step = StepInputs(t[h_ids], t[h_pos], meta, t[h_rows], sampling, in_flight)
         if k and not defer_pending:
+            _fill_pending(step, pending)
+        return step
+
+    def _batch_graph_takes(self, num_seqs: int, num_tokens: int) -> bool:
+        """Whether a step with prefill chunks replays a batch graph: within its ladder, and not a lone
+        chunk that an extend graph takes (those split long cached contexts over programs)."""
+        if self.batch_graphs is None or self.batch_graphs.padded_size(num_tokens) is None:
+            return False
+        extend = self.extend_graphs
+        return not (num_seqs == 1 and extend is not None and extend.padded_size(num_tokens) is not None)
+
+    def _prepare_batch_step(
+        self,
+        ids,
+        pos,
+        slots,
+        sample_rows,
+        sampling,
+        pend,
+        q_lens,
+        seq_lens,
+        tables,
+        nd,
+        pending,
+        defer_pending,
+    ) -> StepInputs:
+        """A step with prefill chunks that a batch graph runs (engine.batch_graphs): the inputs go into
+        the graph's static buffers; tokens in flight are copied into its ids before the replay."""
+        g = self.batch_graphs.load(
+            self._staging, ids, pos, slots, sample_rows, pend, q_lens, seq_lens, tables, nd
+        )
+        meta = AttentionMetadata(
+            slot_mapping=g.input_ids,  # unused: the graph holds its own metadata
+            num_decodes=0,
+            decode_block_tables=None,
+            decode_seq_lens=None,
+            prefill_block_tables=None,
+            prefill_cu_seqlens_q=None,
+            prefill_seq_lens=None,
+        )
+        step = StepInputs(g.input_ids, g.input_ids, meta, g.input_ids, sampling, g.pending_at, False, g.size)
+        if g.pending_at is not None and not defer_pending:
             _fill_pending(step, pending)
         return step
 
@@ -314,6 +383,9 @@ class ModelRunner:
         bs = len(batch.seqs)
         if step.in_graph:  # its inputs are the decode graph's static buffers already
             return self.graphs.run(bs), step.sampling
+        if step.batch_size:  # a batch graph's, likewise
+            logits = self.batch_graphs.run(step.batch_size, len(step.sampling))
+            return (logits, step.sampling) if step.sampling else (None, [])
         if (
             self.extend_graphs is not None
             and bs == 1
@@ -345,6 +417,7 @@ class StepInputs(NamedTuple):
     sampling: list[int]  # batch positions of the sequences that sample, in row order
     pending_at: torch.Tensor | None = None  # (2k,) positions of in-flight tokens, then their sampled rows
     in_graph: bool = False  # a decode step whose tensors are views of the decode graph's static inputs
+    batch_size: int = 0  # > 0: a step a batch graph of this many tokens runs (its inputs loaded already)
 
 
 def _fill_pending(step: StepInputs, pending: torch.Tensor | None) -> None:

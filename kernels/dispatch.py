@@ -82,9 +82,12 @@ def paged_attention(
     max_seqlen_q: int | None = None,
     max_seq_len: int | None = None,
     out: torch.Tensor | None = None,
+    tile_map: torch.Tensor | None = None,
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
     """max_seqlen_q: longest new-token count; max_seq_len: a bound on the contexts (only tunes the
-    split-K choice). Both python ints; the reference ignores them. `out` (like q) receives the result."""
+    split-K choice). Both python ints; the reference ignores them. `out` (like q) receives the result.
+    tile_map: (2, num_tiles) int32 from prefill_tile_map, the kernel's programs listed per query tile
+    (a graph replayed over other sequences); a scheduling detail the reference ignores."""
     if not use_triton(q):
         res = ref.paged_attention(
             q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, sliding_window, alibi_slopes
@@ -96,8 +99,23 @@ def paged_attention(
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if seq_lens.numel() else 0
     return paged_prefill_attention(
         q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max_seqlen_q, scale,
-        sliding_window, alibi_slopes, out=out, max_seq_len=max_seq_len,
+        sliding_window, alibi_slopes, out=out, max_seq_len=max_seq_len, tile_map=tile_map,
     )  # fmt: skip
+
+
+def prefill_tile_map(q_lens, num_tiles: int, dtype: torch.dtype, device: torch.device):
+    """(2, num_tiles) int32 numpy map of the query tiles of sequences with q_lens new tokens each, for
+    paged_attention's tile_map on this device (its query tile depends on the kernel's config)."""
+    from kernels import paged_attention as pa
+
+    return pa.prefill_tile_map(q_lens, pa.prefill_block_m(dtype, device), num_tiles)
+
+
+def prefill_query_tile(dtype: torch.dtype, device: torch.device) -> int:
+    """Queries per program of paged_attention on this device (sizes a tile map)."""
+    from kernels.paged_attention import prefill_block_m
+
+    return prefill_block_m(dtype, device)
 
 
 def decode_attention(

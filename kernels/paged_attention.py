@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from kernels import pdl
-from kernels._jit import arrival_counters, is_interpreting, kernel, next_pow2
+from kernels._jit import arrival_counters, interpret_forced, is_interpreting, kernel, next_pow2
 
 LOG2E = 1.4426950408889634
 
@@ -134,6 +135,7 @@ def _prefill_kernel(
     cu_q_ptr,  # (batch + 1,) int32
     seq_lens_ptr,  # (batch,) int32
     alibi_ptr,  # (num_heads,) float32; unused unless HAS_ALIBI
+    tile_map_ptr,  # TILE_MAP: (2, num_tiles) int32 rows [sequence | query tile]; sequence < 0: no tile
     scale_log2,  # softmax scale * log2(e)
     stride_qt,
     stride_qh,
@@ -141,6 +143,7 @@ def _prefill_kernel(
     stride_oh,
     stride_bt,
     window,  # sliding window in positions; unused unless HAS_WINDOW
+    num_tiles,  # TILE_MAP: the map's row length
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,  # query heads per KV head
     HEAD_DIM: tl.constexpr,
@@ -152,9 +155,16 @@ def _prefill_kernel(
     HAS_WINDOW: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    TILE_MAP: tl.constexpr,  # program axis 0 walks a host-built map of (sequence, query tile)
 ):
-    mb = tl.program_id(0)
-    seq = tl.program_id(1)
+    if TILE_MAP:
+        seq = tl.load(tile_map_ptr + tl.program_id(0))
+        if seq < 0:
+            return
+        mb = tl.load(tile_map_ptr + num_tiles + tl.program_id(0))
+    else:
+        mb = tl.program_id(0)
+        seq = tl.program_id(1)
     head = tl.program_id(2) // NUM_SPLITS
     split = tl.program_id(2) % NUM_SPLITS
     q_start = tl.load(cu_q_ptr + seq)
@@ -620,13 +630,16 @@ def paged_prefill_attention(
     out: torch.Tensor | None = None,
     max_seq_len: int | None = None,
     num_splits: int | None = None,
+    tile_map: torch.Tensor | None = None,  # (2, num_tiles) int32: prefill_tile_map's, on q's device
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
     """Same semantics as reference.paged_attention: each sequence's q_len new tokens are the last q_len
     positions of its context (cached prefix, chunked prefill and decode are all special cases).
 
     Grid (query tiles, batch, heads x splits). With few query tiles and a long context the keys are split
     (`num_splits`, else chosen from `max_seq_len` or the block table's capacity, python ints) and a reduce
-    kernel merges the splits, as in decode. No host sync; CUDA-graph safe."""
+    kernel merges the splits, as in decode. No host sync; CUDA-graph safe. With `tile_map` the grid is
+    (the map's tiles, 1, heads x splits) and max_seqlen_q only has to be positive: a captured step whose
+    sequences change between replays (engine.batch_graphs) launches one program per listed tile."""
     if q.dim() != 3:
         raise ValueError(f"q must be (num_tokens, num_heads, head_dim), got {tuple(q.shape)}")
     _check_cache(q, k_cache, v_cache, block_tables)
@@ -645,9 +658,19 @@ def paged_prefill_attention(
         return out
     block_m, block_n, warps, stages = PREFILL_CONFIGS[_config_key(q)]
     q_blocks = triton.cdiv(max_seqlen_q, block_m)
+    grid_m, grid_b, num_tiles = q_blocks, batch, 0
+    if tile_map is not None:
+        if tile_map.dim() != 2 or tile_map.shape[0] != 2 or tile_map.dtype != torch.int32:
+            raise ValueError("tile_map must be (2, num_tiles) int32")
+        if tile_map.stride(1) != 1 or tile_map.stride(0) != tile_map.shape[1]:
+            raise ValueError("tile_map must be contiguous")
+        num_tiles = tile_map.shape[1]
+        grid_m, grid_b = num_tiles, 1
+        if num_tiles == 0:
+            return out
     if num_splits is None:
         bound = max_seq_len if max_seq_len is not None else block_tables.shape[1] * bs
-        num_splits = choose_prefill_splits(q_blocks * batch * h, bound, _sm_count(q.device))
+        num_splits = choose_prefill_splits(grid_m * grid_b * h, bound, _sm_count(q.device))
     num_splits = int(num_splits)
     if not 1 <= num_splits <= 256:
         raise ValueError("num_splits must be in [1, 256]")
@@ -656,14 +679,15 @@ def paged_prefill_attention(
         part_lse = torch.empty((n, h, num_splits), dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out
-    _prefill_kernel[(q_blocks, batch, h * num_splits)](
+    _prefill_kernel[(grid_m, grid_b, h * num_splits)](
         q, k_cache, v_cache, out, part_out, part_lse, block_tables, cu_seqlens_q, seq_lens,
-        _alibi(alibi_slopes, h, q), scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        block_tables.stride(0), _window(sliding_window),
+        _alibi(alibi_slopes, h, q), tile_map if tile_map is not None else seq_lens, scale * LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        _window(sliding_window), num_tiles,
         NUM_KV_HEADS=hk, GROUP=h // hk, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=next_pow2(d), NUM_SPLITS=num_splits, HAS_WINDOW=sliding_window is not None,
-        HAS_ALIBI=alibi_slopes is not None, DOT_PREC=_dot_precision(q.dtype), num_warps=warps,
-        num_stages=stages,
+        HAS_ALIBI=alibi_slopes is not None, DOT_PREC=_dot_precision(q.dtype), TILE_MAP=tile_map is not None,
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if num_splits > 1:
         _decode_reduce_kernel[(n, h)](
@@ -676,6 +700,28 @@ def paged_prefill_attention(
 
 PREFILL_MIN_KEYS_PER_SPLIT = 512
 PREFILL_MAX_SPLITS = 16
+
+
+def prefill_block_m(dtype: torch.dtype, device: torch.device) -> int:
+    """The query tile of paged_prefill_attention for q of this dtype on this device."""
+    if device.type == "cpu" or interpret_forced():
+        return PREFILL_CONFIGS["interpret"][0]
+    key = "fp32" if dtype == torch.float32 else "16bit"
+    return PREFILL_CONFIGS[key][0]
+
+
+def prefill_tile_map(q_lens: np.ndarray, block_m: int, num_tiles: int) -> np.ndarray:
+    """(2, num_tiles) int32 [sequence | query tile] of every tile of BLOCK_M queries of each sequence
+    (q_lens (batch,): its new tokens), sequences in order; the entries past them are -1 (no tile)."""
+    tiles = -(-q_lens.astype(np.int64) // block_m)  # (batch,)
+    total = int(tiles.sum())
+    if total > num_tiles:
+        raise ValueError(f"{total} query tiles do not fit a map of {num_tiles}")
+    out = np.full((2, num_tiles), -1, dtype=np.int32)
+    out[0, :total] = np.repeat(np.arange(q_lens.size), tiles)
+    starts = np.cumsum(tiles) - tiles  # (batch,) each sequence's first entry
+    out[1, :total] = np.arange(total) - np.repeat(starts, tiles)
+    return out
 
 
 def choose_prefill_splits(programs: int, max_seq_len: int, num_sms: int) -> int:

@@ -66,7 +66,10 @@ def test_gpu_gaps_marks_each_part_of_a_step(monkeypatch):
     tick = lambda us: lambda *a, **k: _FakeEvent.clock.__setitem__(0, _FakeEvent.clock[0] + us)
     graph = SimpleNamespace(replay=tick(100))
     runner = SimpleNamespace(
-        prepare=tick(5), graphs=SimpleNamespace(graphs={1: (graph, None)}), extend_graphs=None
+        prepare=tick(5),
+        graphs=SimpleNamespace(graphs={1: (graph, None)}),
+        extend_graphs=None,
+        batch_graphs=None,
     )
     runner.run = lambda *a: (tick(10)(), graph.replay())
     runner.run_sampled = lambda *a: (tick(10)(), graph.replay())

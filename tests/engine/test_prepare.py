@@ -184,7 +184,7 @@ def test_a_prefill_chunk_ending_in_a_token_in_flight_is_patched():
     for s in (a, b):
         sched.add(s)
     batch = sched.schedule()
-    ids, _, meta, rows, _, _, _ = bare_runner(bs, 4).prepare(batch, torch.tensor([100, 101, 102]))
+    ids, _, meta, rows, *_ = bare_runner(bs, 4).prepare(batch, torch.tensor([100, 101, 102]))
     assert ids.tolist() == [5, 6, 7, 8, 9, 10, 11, 12, 102]
     # deferred: the in-flight token is filled in later (the previous step's sampling launches between)
     from engine.model_runner import _fill_pending

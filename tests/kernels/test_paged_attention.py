@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -13,7 +14,7 @@ from kernels.paged_attention import (
     paged_decode_attention,
     paged_prefill_attention,
 )
-from tests.kernels.paged import ATOL, GPU_ATOL, alibi_slopes, gpu, make_paged, max_err
+from tests.kernels.paged import ATOL, GPU_ATOL, alibi_slopes, capture, gpu, make_paged, max_err
 
 H, HK, D = 4, 2, 16  # GQA: 2 query heads per KV head
 SCALE = D**-0.5
@@ -84,6 +85,40 @@ def test_prefill_skips_empty_sequences_and_small_max_seqlen_q_tiles():
     q, kc, vc, bt, cu, sl = make_paged([9, 12, 30], [0, 12, 3], H, HK, D, 16, torch.float32)
     out = paged_prefill_attention(q, kc, vc, bt, cu, sl, 12, SCALE)
     assert max_err(out, ref.paged_attention(q, kc, vc, bt, cu, sl, SCALE)) < ATOL[torch.float32]
+
+
+def test_prefill_tile_map_lists_each_sequences_query_tiles():
+    got = pa.prefill_tile_map(np.array([3, 0, 9, 1]), 4, 7)
+    assert got.dtype == np.int32 and got.tolist() == [[0, 2, 2, 2, 3, -1, -1], [0, 0, 1, 2, 0, -1, -1]]
+    assert pa.prefill_tile_map(np.array([], dtype=np.int64), 4, 2).tolist() == [[-1, -1], [-1, -1]]
+    with pytest.raises(ValueError, match="do not fit"):
+        pa.prefill_tile_map(np.array([9]), 4, 2)
+    assert pa.prefill_block_m(torch.float32, torch.device("cpu")) == pa.PREFILL_CONFIGS["interpret"][0]
+
+
+def _tile_mapped(ctx, qlens, pad_seqs, map_tiles, num_splits=None, device="cpu", dtype=torch.float32):
+    """A batch laid out as a captured graph sees it: pad_seqs trailing sequences with no tokens and no
+    context, a tile map longer than the batch needs, rows past the batch's tokens left unwritten."""
+    q, kc, vc, bt, cu, sl = make_paged(ctx + [0] * pad_seqs, qlens + [0] * pad_seqs, H, HK, D, 16, dtype,
+                                       device)  # fmt: skip
+    block_m = pa.prefill_block_m(dtype, q.device)
+    tiles = torch.from_numpy(pa.prefill_tile_map(np.array(qlens), block_m, map_tiles)).to(device)
+    out = torch.full_like(q, 7.0)
+    paged_prefill_attention(q, kc, vc, bt, cu, sl, 1, SCALE, out=out, tile_map=tiles, num_splits=num_splits)
+    return out, ref.paged_attention(q, kc, vc, bt, cu, sl, SCALE)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_prefill_tile_map_matches_reference(num_splits):
+    # decodes (one new token), a fresh prompt, a chunk after a cached prefix, then two empty sequences
+    ctx, qlens = [20, 37, 19, 50], [1, 1, 19, 6]
+    map_tiles = sum(-(-n // pa.PREFILL_CONFIGS["interpret"][0]) for n in qlens) + 5
+    out, expect = _tile_mapped(ctx, qlens, 2, map_tiles, num_splits)
+    assert max_err(out, expect) < ATOL[torch.float32]
+    with pytest.raises(ValueError, match="tile_map"):
+        q, kc, vc, bt, cu, sl = make_paged([4], [4], H, HK, D, 16, torch.float32)
+        bad = torch.zeros(3, 2, dtype=torch.int32)
+        paged_prefill_attention(q, kc, vc, bt, cu, sl, 4, SCALE, tile_map=bad)
 
 
 def _decode(dtype, block_size, ctx, num_splits, window=None, alibi=False, device="cpu", **kw):
@@ -222,6 +257,51 @@ def test_gpu_prefill(dtype, block_size, window, alibi, splits):
     # the reference runs in fp32 on the same (rounded) inputs: the bf16 kernel is judged against exact math
     expect = ref.paged_attention(*_fp32_args([q, kc, vc, bt, cu, sl, scale, window, slopes]))
     assert max_err(out, expect) < GPU_ATOL[dtype]
+
+
+@pytest.mark.usefixtures("no_tf32")
+@gpu
+def test_gpu_prefill_tile_map_in_cuda_graph():
+    # one capture replayed over two batches of other lengths, as engine.batch_graphs does
+    block_m = pa.prefill_block_m(torch.bfloat16, torch.device("cuda"))
+    batches = [([300, 513, 128, 77], [300, 130, 1, 64]), ([40, 1000, 9, 0], [1, 700, 9, 0])]
+    made = [make_paged(c, q, GPU_H, GPU_HK, GPU_D, 16, torch.bfloat16, "cuda", spare_blocks=80, seed=i)
+            for i, (c, q) in enumerate(batches)]  # fmt: skip
+    rows = max(m[0].shape[0] for m in made)
+    width = max(m[3].shape[1] for m in made)
+    static_q = torch.zeros(rows, GPU_H, GPU_D, dtype=torch.bfloat16, device="cuda")
+    kc = torch.zeros((max(m[1].shape[0] for m in made), *made[0][1].shape[1:]), dtype=torch.bfloat16,
+                     device="cuda")  # fmt: skip
+    vc = torch.zeros_like(kc)
+    bt = torch.zeros(4, width, dtype=torch.int32, device="cuda")
+    cu = torch.zeros(5, dtype=torch.int32, device="cuda")
+    sl = torch.zeros(4, dtype=torch.int32, device="cuda")
+    tiles = torch.zeros(2, rows // block_m + 5, dtype=torch.int32, device="cuda")
+    out = torch.zeros_like(static_q)
+    scale = GPU_D**-0.5
+
+    def load(i):
+        q, k, v, t, c, s = made[i]
+        kc[: k.shape[0]] = k
+        vc[: v.shape[0]] = v
+        static_q.zero_()
+        static_q[: q.shape[0]] = q
+        bt.zero_()
+        bt[:, : t.shape[1]] = t
+        cu.copy_(c)
+        sl.copy_(s)
+        tiles.copy_(torch.from_numpy(pa.prefill_tile_map(np.diff(c.cpu().numpy()), block_m, tiles.shape[1])))
+        return q.shape[0]
+
+    load(0)
+    run = lambda: paged_prefill_attention(static_q, kc, vc, bt, cu, sl, 1, scale, out=out, tile_map=tiles)
+    run()
+    graph, _ = capture(run)
+    for i in (1, 0):
+        n = load(i)
+        graph.replay()
+        expect = ref.paged_attention(*_fp32_args([static_q[:n], kc, vc, bt, cu, sl, scale]))
+        assert max_err(out[:n], expect) < GPU_ATOL[torch.bfloat16]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
