@@ -5,15 +5,17 @@ while the GPU needs ~19 ms for 8,192 tokens and ~1 ms for 100. Replayed, it cost
 host prepares the next step while the GPU runs this one.
 
 Any mix of sequences fits one graph. The decodes come first, one token each: the decode attention runs
-over the first seqs(s) rows, those past the step's decodes with length 0 (they attend to nothing; the
-prefill rows among them are written next). The prefill attention launches one program per query tile
-of the prefill chunks, listed in a tile map built by the host (ops.prefill_tile_map), so neither grid
-depends on the step. A step of n tokens replays the graph of the smallest captured size s >= n; the
-padding tokens write no K/V and belong to no sequence. Per size s the static inputs are the leading
-entries of two device buffers: int64 [ids | positions | slots (s each) | sample rows (seqs(s)) | tokens
-in flight (2k)] and int32 [cu_seqlens (seqs(s) + 1) | context lengths (seqs(s)) | decode lengths
-(seqs(s)) | tile map (2 x tiles(s)) | block-table rows, every sequence's in token order]; the table rows
-are then copied into the graph's block table (one copy, outside the graph)."""
+over the first seqs(s) - 1 rows (a step holds one prefill chunk at least), those past its decodes with
+length 0 (they attend to nothing; the prefill rows among them are written next). The prefill attention
+launches one program per query tile of the prefill chunks, listed in a tile map built by the host
+(ops.prefill_tile_map), so neither grid depends on the step. A step of n tokens replays the graph of
+the smallest captured size s >= n; the padding tokens write no K/V and belong to no sequence.
+
+Per size s the static inputs are the leading entries of two device buffers: int64 [ids | positions |
+slots (s each) | sample rows (seqs(s)) | tokens in flight (2k)] and int32 [cu_seqlens (seqs(s) + 1) |
+context lengths (seqs(s)) | decode lengths (seqs(s)) | tile map (2 x tiles(s)) | block-table rows,
+every sequence's in token order]; the table rows are then copied into the graph's block table (one
+copy, outside the graph)."""
 
 from __future__ import annotations
 
@@ -54,6 +56,7 @@ class BatchGraphs:
         sizes: list[int],
         max_seqs: int,
         max_blocks: int,
+        block_size: int,
         device: torch.device,
         dtype: torch.dtype,
     ) -> None:
@@ -62,6 +65,7 @@ class BatchGraphs:
         self.sizes = sorted(sizes)
         self.max_seqs = max_seqs
         self.max_blocks = max_blocks
+        self.max_len = max_blocks * block_size  # the longest context a block-table row holds
         self.device, self.dtype = device, dtype
         self.query_tile = ops.prefill_query_tile(dtype, device)
         n, b = self.sizes[-1], self.seqs(self.sizes[-1])
@@ -104,25 +108,28 @@ class BatchGraphs:
 
     # ---- capture --------------------------------------------------------------------------------
     def _as_one_prompt(self, size: int) -> None:
-        """A capture runs one fresh prompt of `size` tokens that writes no K/V (slots -1)."""
+        """A capture runs one fresh prompt that writes no K/V (slots -1): `size` tokens, or as many as a
+        block-table row holds (the rest are padding)."""
+        n = min(size, self.max_len)
         v = self._views(size)
         v["slots"].fill_(-1)
-        v["cu"].fill_(size)
+        v["cu"].fill_(n)
         v["cu"][0] = 0
         v["lens"].zero_()
-        v["lens"][0] = size
+        v["lens"][0] = n
         v["dec_lens"].zero_()
-        tiles = ops.prefill_tile_map(np.array([size]), v["tiles"].shape[1], self.dtype, self.device)
+        tiles = ops.prefill_tile_map(np.array([n]), v["tiles"].shape[1], self.dtype, self.device)
         v["tiles"].copy_(torch.from_numpy(tiles))
         v["rows"].zero_()
 
     def _forward(self, size: int) -> torch.Tensor:
         v, b = self._views(size), self.seqs(size)
+        d = b - 1  # decode rows (a step has a prefill chunk); those past its decodes have length 0
         meta = AttentionMetadata(
             slot_mapping=v["slots"],
-            num_decodes=b,  # decode rows; those past the step's decodes have length 0
-            decode_block_tables=self.block_tables[:b],
-            decode_seq_lens=v["dec_lens"],
+            num_decodes=d,
+            decode_block_tables=self.block_tables[:d],
+            decode_seq_lens=v["dec_lens"][:d],
             prefill_block_tables=self.block_tables[:b],
             prefill_cu_seqlens_q=v["cu"],
             prefill_seq_lens=v["lens"],
@@ -150,7 +157,7 @@ class BatchGraphs:
         """Moves a step's inputs into the static buffers of its size (one copy per dtype, queued)."""
         n, b = ids.size, q_lens.size
         size = self.padded_size(n)
-        if size is None or b > self.seqs(size) or tables.shape[1] > self.max_blocks:
+        if size is None or b > self.seqs(size) or num_decodes >= b or tables.shape[1] > self.max_blocks:
             raise ValueError(f"a step of {n} tokens in {b} sequences does not fit the batch graphs")
         cap = self.seqs(size)
         head = np.zeros(3 * size + cap, dtype=np.int64)  # ids | positions | slots | sample rows

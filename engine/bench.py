@@ -141,6 +141,7 @@ def _time_engine(llm, prompts, outs, temperature: float, label: str) -> tuple[fl
 
 PROFILE = False
 TIMELINE = False
+BY_BATCH = False
 TRACE: str | None = None
 
 
@@ -224,6 +225,7 @@ def bench_gpu(args) -> dict:
             launch_ahead=not args.launch_after,
             max_num_seqs=max(len(prompts), 1) if args.workload != "w2" else 256,
             **({"max_num_batched_tokens": n} if (n := args.max_num_batched_tokens) else {}),
+            **({"batch_graph_max_tokens": g} if (g := args.batch_graph_max_tokens) is not None else {}),
         )
         print(f"engine start-up: {time.perf_counter() - t0:.2f} s")
         # warm-up: the workload's shapes and whole lengths with other ids, so that what the timed run
@@ -338,15 +340,19 @@ def _observed(llm, label: str | None = None):
     """--profile / --timeline around one timed run (reported after it, under `label` if given)."""
     steps0, t0 = llm.core.num_steps, time.perf_counter()
     from engine.bench_observe import HostTimeline, Profile
+    from engine.bench_steps import StepBreakdown
 
     profiler, timeline = Profile(enabled=PROFILE, trace=TRACE), HostTimeline(llm.core, enabled=TIMELINE)
-    with profiler, timeline:
+    kv_per_token = llm.core.runner.block_bytes // llm.config.block_size
+    by_batch = StepBreakdown(llm.core, BY_BATCH, kv_per_token, HBM_BYTES_PER_S)
+    with profiler, timeline, by_batch:
         yield
     wall, steps = time.perf_counter() - t0, llm.core.num_steps - steps0
-    if label and (PROFILE or TIMELINE):
+    if label and (PROFILE or TIMELINE or BY_BATCH):
         print(f"[{label}]")
     profiler.report(wall, steps)
     timeline.report(wall, steps)
+    by_batch.report()
 
 
 def _real_vocab_llm(args, folder: Path):
@@ -396,12 +402,26 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="GPU workloads: the engine's token budget per step (default: EngineConfig's)",
     )
+    p.add_argument(
+        "--batch-graph-max-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="GPU workloads: steps with prefill chunks up to N tokens replay graphs (0: eager; default: "
+        "EngineConfig's)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="M1: timed repetitions (best is reported)")
     p.add_argument("--grammar-backend", default=None, help="G1: llguidance, xgrammar or outlines")
     p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     p.add_argument("--profile", action="store_true", help="print where the timed run spends its time")
     p.add_argument("--trace", metavar="FILE", help="also write the Chrome trace to FILE (turns --profile on)")
     p.add_argument("--timeline", action="store_true", help="print the host's wall time per step part")
+    p.add_argument(
+        "--by-batch",
+        action="store_true",
+        help="print the timed run's steps grouped by kind (decode batch size, with prefill): host, device "
+        "and K/V streaming time",
+    )
     p.add_argument(
         "--set",
         action="append",
@@ -413,10 +433,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    global PROFILE, TIMELINE, TRACE
+    global PROFILE, TIMELINE, TRACE, BY_BATCH
     parser = build_parser()
     args = parser.parse_args(argv)
     PROFILE, TIMELINE, TRACE = args.profile or bool(args.trace), args.timeline, args.trace
+    BY_BATCH = args.by_batch
     try:
         switches = bench_switches.apply(args.set)
     except ValueError as exc:

@@ -76,7 +76,14 @@ class ModelRunner:
             batch_sizes = default_batch_sizes(limit)
             if batch_sizes:
                 self.batch_graphs = BatchGraphs(
-                    model, self.kv_caches, batch_sizes, config.max_num_seqs, max_blocks, device, dtype
+                    model,
+                    self.kv_caches,
+                    batch_sizes,
+                    config.max_num_seqs,
+                    max_blocks,
+                    self.block_size,
+                    device,
+                    dtype,
                 )
         log.info(
             "KV cache: %d blocks x %d tokens (%.1f MiB)",

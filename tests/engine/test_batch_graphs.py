@@ -38,7 +38,9 @@ def _with_batch_graphs(llm: LLM, sizes: list[int], monkeypatch) -> bg.BatchGraph
     max_blocks = -(-runner.model.cos_sin.shape[0] // runner.block_size)
     seqs = llm.config.max_num_seqs
     device, dtype = runner.device, runner.dtype
-    graphs = bg.BatchGraphs(runner.model, runner.kv_caches, sizes, seqs, max_blocks, device, dtype)
+    graphs = bg.BatchGraphs(
+        runner.model, runner.kv_caches, sizes, seqs, max_blocks, runner.block_size, device, dtype
+    )
     runner.batch_graphs = graphs
     return graphs
 
@@ -103,3 +105,16 @@ def test_load_pads_the_step_to_its_size(tiny_qwen3, monkeypatch):
         graphs.load(Staging(torch.device("cpu")), np.zeros(17, np.int64), *[np.zeros(17, np.int64)] * 2,
                     np.zeros(1, np.int64), np.zeros(0, np.int64), np.array([17]), np.array([17]),
                     np.zeros((1, 2), np.int32), 0)  # fmt: skip
+
+
+def test_captures_longer_than_a_context_stay_inside_the_block_table(tiny_qwen3, monkeypatch):
+    # one sequence a step and a 128-token graph over 64-token contexts: the capture's prompt is cut to
+    # what a block-table row holds (the rest is padding), and real steps still replay it
+    llm = LLM(tiny_qwen3, device="cpu", dtype="float32", num_kv_blocks=16, max_num_seqs=1, max_model_len=64)
+    graphs = _with_batch_graphs(llm, [16, 128], monkeypatch)
+    assert graphs.max_len == 64 and graphs._views(128)["lens"].tolist() == [16]  # the last capture's
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    ours = llm.generate([[7] * 40, [9] * 20], params)
+    eager = LLM(tiny_qwen3, device="cpu", dtype="float32", num_kv_blocks=16, max_num_seqs=1, max_model_len=64)
+    assert [o.token_ids for o in ours] == [o.token_ids for o in eager.generate([[7] * 40, [9] * 20], params)]
+    assert graphs.replays == 2

@@ -77,6 +77,7 @@ def test_bf16_parity_and_graphs(ckpt):
     graphs = LLM(ckpt, dtype="bfloat16", max_model_len=1024)
     ours = [o.token_ids for o in graphs.generate(ps, GREEDY)]
     ties = compare(ours, ref, bf16_tie)
+    assert graphs.core.runner.batch_graphs.replays > 0  # the prompts' steps replayed batch graphs
     # eager splits attention differently from the padded graphs: compared to HF the same way
     eager = LLM(ckpt, dtype="bfloat16", max_model_len=1024, enforce_eager=True)
     eager_ties = compare([o.token_ids for o in eager.generate(ps, GREEDY)], ref, bf16_tie)
