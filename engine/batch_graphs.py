@@ -66,13 +66,11 @@ class BatchGraphs:
         self.max_seqs = max_seqs
         self.max_blocks = max_blocks
         self.max_len = max_blocks * block_size  # the longest context a block-table row holds
-        self.device, self.dtype = device, dtype
         self.query_tile = ops.prefill_query_tile(dtype, device)
         n, b = self.sizes[-1], self.seqs(self.sizes[-1])
-        self.inputs64 = torch.zeros(3 * n + 3 * b, dtype=torch.int64, device=device)
-        self.inputs32 = torch.zeros(
-            3 * b + 1 + 2 * self.tiles(n) + b * max_blocks, dtype=torch.int32, device=device
-        )
+        at64, at32 = self._layout(n)  # the largest graph's inputs hold every smaller one's
+        self.inputs64 = torch.zeros(at64["pending"].start + 2 * b, dtype=torch.int64, device=device)
+        self.inputs32 = torch.zeros(at32["tables"].start + b * max_blocks, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros((b, max_blocks), dtype=torch.int32, device=device)
         vocab = model.logits_weight.shape[0]
         self.logits = torch.zeros((b, vocab), dtype=model.logits_weight.dtype, device=device)
@@ -91,20 +89,20 @@ class BatchGraphs:
     def padded_size(self, num_tokens: int) -> int | None:
         return padded_size(self.sizes, num_tokens)
 
-    def _views(self, size: int) -> dict[str, torch.Tensor]:
+    def _layout(self, size: int) -> tuple[dict[str, slice], dict[str, slice]]:
+        """Where each static input of the graph of `size` lies: (int64 parts, int32 parts) in buffer
+        order; "pending" and "tables" run from there to the end of what a step uploads."""
         b, t = self.seqs(size), self.tiles(size)
-        ids, pos, slots = self.inputs64[: 3 * size].view(3, size)
-        i32 = self.inputs32
-        return {
-            "ids": ids,
-            "pos": pos,
-            "slots": slots,
-            "rows": self.inputs64[3 * size : 3 * size + b],
-            "cu": i32[: b + 1],
-            "lens": i32[b + 1 : 2 * b + 1],
-            "dec_lens": i32[2 * b + 1 : 3 * b + 1],
-            "tiles": i32[3 * b + 1 : 3 * b + 1 + 2 * t].view(2, t),
-        }
+        i64 = {"ids": size, "pos": size, "slots": size, "rows": b, "pending": None}
+        i32 = {"cu": b + 1, "lens": b, "dec_lens": b, "tiles": 2 * t, "tables": None}
+        return _slices(i64), _slices(i32)
+
+    def _views(self, size: int) -> dict[str, torch.Tensor]:
+        at64, at32 = self._layout(size)
+        views = {k: self.inputs64[s] for k, s in at64.items() if s.stop is not None}
+        views.update({k: self.inputs32[s] for k, s in at32.items() if s.stop is not None})
+        views["tiles"] = views["tiles"].view(2, -1)
+        return views
 
     # ---- capture --------------------------------------------------------------------------------
     def _as_one_prompt(self, size: int) -> None:
@@ -118,7 +116,7 @@ class BatchGraphs:
         v["lens"].zero_()
         v["lens"][0] = n
         v["dec_lens"].zero_()
-        tiles = ops.prefill_tile_map(np.array([n]), v["tiles"].shape[1], self.dtype, self.device)
+        tiles = ops.prefill_tile_map(np.array([n]), self.query_tile, v["tiles"].shape[1])
         v["tiles"].copy_(torch.from_numpy(tiles))
         v["rows"].zero_()
 
@@ -160,11 +158,11 @@ class BatchGraphs:
         if size is None or b > self.seqs(size) or num_decodes >= b or tables.shape[1] > self.max_blocks:
             raise ValueError(f"a step of {n} tokens in {b} sequences does not fit the batch graphs")
         cap = self.seqs(size)
-        head = np.zeros(3 * size + cap, dtype=np.int64)  # ids | positions | slots | sample rows
-        head[:n], head[size : size + n] = ids, positions
-        head[2 * size : 3 * size] = -1
-        head[2 * size : 2 * size + n] = slots
-        head[3 * size : 3 * size + sample_rows.size] = sample_rows
+        at64, at32 = self._layout(size)
+        head = np.zeros(at64["pending"].start, dtype=np.int64)  # ids | positions | slots | sample rows
+        head[at64["slots"]] = -1  # padding tokens write no K/V
+        for name, values in (("ids", ids), ("pos", positions), ("slots", slots), ("rows", sample_rows)):
+            head[at64[name]][: values.size] = values
         cu = np.zeros(cap + 1, dtype=np.int32)
         np.cumsum(q_lens, out=cu[1 : b + 1])
         cu[b + 1 :] = cu[b]
@@ -174,7 +172,7 @@ class BatchGraphs:
         dec_lens[:num_decodes] = seq_lens[:num_decodes]
         chunks = q_lens.copy()
         chunks[:num_decodes] = 0  # the decodes' rows are the decode attention's: no tiles
-        tiles = ops.prefill_tile_map(chunks, self.tiles(size), self.dtype, self.device)
+        tiles = ops.prefill_tile_map(chunks, self.query_tile, self.tiles(size))
         moved = staging.upload(
             {
                 torch.int64: [head, pending.astype(np.int64, copy=False)],
@@ -188,10 +186,10 @@ class BatchGraphs:
             },
             into={torch.int64: self.inputs64, torch.int32: self.inputs32},
         )
-        at = 3 * cap + 1 + tiles.size
+        at = at32["tables"].start
         self.block_tables[:b, : tables.shape[1]].copy_(moved[torch.int32][at : at + tables.size].view(b, -1))
-        k2 = pending.size
-        pend = moved[torch.int64][3 * size + cap : 3 * size + cap + k2] if k2 else None
+        at = at64["pending"].start
+        pend = moved[torch.int64][at : at + pending.size] if pending.size else None
         return BatchInputs(size, self.inputs64[:n], pend)
 
     def run(self, size: int, rows: int) -> torch.Tensor:
@@ -201,3 +199,12 @@ class BatchGraphs:
         graph.replay()
         self.replays += 1
         return logits[:rows]
+
+
+def _slices(lengths: dict[str, int | None]) -> dict[str, slice]:
+    """Consecutive slices of these lengths from 0; a None length runs open-ended from there."""
+    out, at = {}, 0
+    for name, n in lengths.items():
+        out[name] = slice(at, None if n is None else at + n)
+        at += n or 0
+    return out

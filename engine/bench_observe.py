@@ -52,12 +52,10 @@ class HostTimeline:
                 import torch
 
                 wrap(torch.cuda.Event, "synchronize", "Event.synchronize")
-            runner = self.core.runner
-            for graphs in (runner.graphs, runner.extend_graphs, runner.batch_graphs):
-                if graphs is not None:
-                    wrap(graphs, "run", f"{type(graphs).__name__}.run")
-                    for graph, _ in _all_graphs(graphs):
-                        wrap(graph, "replay", "CUDAGraph.replay")
+            for graphs in _graph_sets(self.core.runner):
+                wrap(graphs, "run", f"{type(graphs).__name__}.run")
+                for graph, _ in _all_graphs(graphs):
+                    wrap(graph, "replay", "CUDAGraph.replay")
             if self.core.device.type == "cuda":
                 self.gaps = GpuGaps(self.core, self.timers)
         return self
@@ -74,6 +72,11 @@ class HostTimeline:
         print(f"host timeline (us per step, wall {wall / steps * 1e6:.0f}): {cells}")
         if self.gaps is not None:
             self.gaps.report(steps)
+
+
+def _graph_sets(runner) -> list:
+    """The runner's graph holders (DecodeGraphs, ExtendGraphs, BatchGraphs) that exist."""
+    return [g for g in (runner.graphs, runner.extend_graphs, runner.batch_graphs) if g is not None]
 
 
 def _all_graphs(graphs) -> list:
@@ -106,10 +109,9 @@ class GpuGaps:
         timers.around(core.runner, "prepare", after=mark("prepared"))
         timers.around(core.sampler, "sample", after=mark("sampled"))
         timers.around(core, "_launched", after=mark("tokens"))
-        for graphs in (core.runner.graphs, core.runner.extend_graphs, core.runner.batch_graphs):
-            if graphs is not None:
-                for graph, _ in _all_graphs(graphs):
-                    timers.around(graph, "replay", mark("replay"))
+        for graphs in _graph_sets(core.runner):
+            for graph, _ in _all_graphs(graphs):
+                timers.around(graph, "replay", mark("replay"))
 
     def report(self, steps: int) -> None:
         import torch

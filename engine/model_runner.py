@@ -170,33 +170,31 @@ class ModelRunner:
             pre_start = np.array(p_start, dtype=np.int64)
             p_pos = np.arange(cu[-1], dtype=np.int64) + np.repeat(pre_start - cu[:-1], q)
             p_slots = table[np.repeat(rows[nd:], q), p_pos // bs].astype(np.int64) * bs + p_pos % bs
-            if self._batch_graph_takes(len(seqs), nd + len(p_ids)):
-                width = int(num_blocks.max())
-                return self._prepare_batch_step(
-                    np.concatenate([d_ids, np.array(p_ids, dtype=np.int64)]),
-                    np.concatenate([d_pos, p_pos]),
-                    np.concatenate([d_slots, p_slots]),
-                    np.array(sample_rows, dtype=np.int64),
-                    sampling,
-                    np.concatenate(
-                        [pend_at, np.array(p_pend_at, np.int64), pend_rows, np.array(p_pend_rows, np.int64)]
-                    ),
-                    np.concatenate([np.ones(nd, dtype=np.int64), q]),
-                    np.concatenate([d_pos + 1, pre_start + q]),
-                    table[rows, :width],
-                    nd,
-                    pending,
-                    defer_pending,
-                )
 
-        up = _Upload()
-        h_ids = up.add(np.concatenate([d_ids, np.array(p_ids, dtype=np.int64)]), torch.int64)
-        h_pos = up.add(np.concatenate([d_pos, p_pos]), torch.int64)
-        h_slots = up.add(np.concatenate([d_slots, p_slots]), torch.int64)
+        # the step's tokens, decodes first: (num_tokens,) each
+        ids = np.concatenate([d_ids, np.array(p_ids, dtype=np.int64)])
+        pos, slots = np.concatenate([d_pos, p_pos]), np.concatenate([d_slots, p_slots])
         k = pend_at.size + len(p_pend_at)
         # (2k,) the pending batch positions, then their rows in the previous step's sampled ids
-        pend = [pend_at, np.array(p_pend_at, np.int64), pend_rows, np.array(p_pend_rows, np.int64)]
-        h_pend = up.add(np.concatenate(pend), torch.int64)
+        pend = np.concatenate(
+            [pend_at, np.array(p_pend_at, np.int64), pend_rows, np.array(p_pend_rows, np.int64)]
+        )
+        if pre and self._batch_graph_takes(len(seqs), ids.size):
+            g = self.batch_graphs.load(
+                self._staging, ids, pos, slots, np.array(sample_rows, dtype=np.int64), pend,
+                np.concatenate([np.ones(nd, dtype=np.int64), q]), np.concatenate([d_pos + 1, pre_start + q]),
+                table[rows, : int(num_blocks.max())], nd,
+            )  # fmt: skip
+            step = StepInputs(g.input_ids, None, None, None, sampling, g.pending_at, batch_size=g.size)
+            if k and not defer_pending:
+                _fill_pending(step, pending)
+            return step
+
+        up = _Upload()
+        h_ids = up.add(ids, torch.int64)
+        h_pos = up.add(pos, torch.int64)
+        h_slots = up.add(slots, torch.int64)
+        h_pend = up.add(pend, torch.int64)
         h_rows = up.add(np.array(sample_rows, dtype=np.int64) if pre else np.arange(nd), torch.int64)
         dec_max = 0
         h_dec = h_pre = None
@@ -236,40 +234,6 @@ class ModelRunner:
             return False
         extend = self.extend_graphs
         return not (num_seqs == 1 and extend is not None and extend.padded_size(num_tokens) is not None)
-
-    def _prepare_batch_step(
-        self,
-        ids,
-        pos,
-        slots,
-        sample_rows,
-        sampling,
-        pend,
-        q_lens,
-        seq_lens,
-        tables,
-        nd,
-        pending,
-        defer_pending,
-    ) -> StepInputs:
-        """A step with prefill chunks that a batch graph runs (engine.batch_graphs): the inputs go into
-        the graph's static buffers; tokens in flight are copied into its ids before the replay."""
-        g = self.batch_graphs.load(
-            self._staging, ids, pos, slots, sample_rows, pend, q_lens, seq_lens, tables, nd
-        )
-        meta = AttentionMetadata(
-            slot_mapping=g.input_ids,  # unused: the graph holds its own metadata
-            num_decodes=0,
-            decode_block_tables=None,
-            decode_seq_lens=None,
-            prefill_block_tables=None,
-            prefill_cu_seqlens_q=None,
-            prefill_seq_lens=None,
-        )
-        step = StepInputs(g.input_ids, g.input_ids, meta, g.input_ids, sampling, g.pending_at, False, g.size)
-        if g.pending_at is not None and not defer_pending:
-            _fill_pending(step, pending)
-        return step
 
     def _decode_graph_takes(self, num_seqs: int, has_prefill: bool) -> bool:
         """Whether a step of num_seqs sequences replays a captured decode graph: decode-only, within
@@ -415,12 +379,13 @@ class ModelRunner:
 
 
 class StepInputs(NamedTuple):
-    """What prepare() builds for one step (tensors on the runner's device)."""
+    """What prepare() builds for one step (tensors on the runner's device). A batch-graph step has only
+    its ids (to patch tokens in flight into): the graph holds the rest (positions, meta and rows None)."""
 
     input_ids: torch.Tensor  # (num_tokens,) int64: decodes first, then the prefill chunks
-    positions: torch.Tensor  # (num_tokens,) int64
-    meta: AttentionMetadata
-    rows: torch.Tensor  # (num_sampling,) token rows whose logits are sampled (each a sequence's last)
+    positions: torch.Tensor | None  # (num_tokens,) int64
+    meta: AttentionMetadata | None
+    rows: torch.Tensor | None  # (num_sampling,) token rows whose logits are sampled (each a sequence's last)
     sampling: list[int]  # batch positions of the sequences that sample, in row order
     pending_at: torch.Tensor | None = None  # (2k,) positions of in-flight tokens, then their sampled rows
     in_graph: bool = False  # a decode step whose tensors are views of the decode graph's static inputs

@@ -142,11 +142,13 @@ def recording() -> bool:
     return _recording is not None
 
 
-def is_interpreting(t: torch.Tensor) -> bool:
-    """Whether a launch on `t` runs in the interpreter (launchers use it to pick tile sizes)."""
+def is_interpreting(t: torch.Tensor | torch.device) -> bool:
+    """Whether a launch on `t` (a tensor, or its device) runs in the interpreter (launchers use it to
+    pick tile sizes)."""
     if _recording is not None:
         return False
-    return t.device.type == "cpu" or interpret_forced()
+    device = t if isinstance(t, torch.device) else t.device
+    return device.type == "cpu" or interpret_forced()
 
 
 def next_pow2(n: int) -> int:

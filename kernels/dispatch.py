@@ -103,19 +103,19 @@ def paged_attention(
     )  # fmt: skip
 
 
-def prefill_tile_map(q_lens, num_tiles: int, dtype: torch.dtype, device: torch.device):
-    """(2, num_tiles) int32 numpy map of the query tiles of sequences with q_lens new tokens each, for
-    paged_attention's tile_map on this device (its query tile depends on the kernel's config)."""
-    from kernels import paged_attention as pa
-
-    return pa.prefill_tile_map(q_lens, pa.prefill_block_m(dtype, device), num_tiles)
-
-
 def prefill_query_tile(dtype: torch.dtype, device: torch.device) -> int:
-    """Queries per program of paged_attention on this device (sizes a tile map)."""
+    """Queries per program of paged_attention on this device: the query_tile of prefill_tile_map."""
     from kernels.paged_attention import prefill_block_m
 
     return prefill_block_m(dtype, device)
+
+
+def prefill_tile_map(q_lens, query_tile: int, num_tiles: int):
+    """(2, num_tiles) int32 numpy map [sequence | query tile] of the query tiles of sequences with q_lens
+    new tokens each (-1 past them), for paged_attention's tile_map."""
+    from kernels.paged_attention import prefill_tile_map as tile_map
+
+    return tile_map(q_lens, query_tile, num_tiles)
 
 
 def decode_attention(

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from kernels import pdl
-from kernels._jit import arrival_counters, interpret_forced, is_interpreting, kernel, next_pow2
+from kernels._jit import arrival_counters, is_interpreting, kernel, next_pow2
 
 LOG2E = 1.4426950408889634
 
@@ -572,9 +572,13 @@ def _wide(batch: int, num_kv_heads: int, device: torch.device) -> bool:
 
 
 def _config_key(q: torch.Tensor) -> str:
-    if is_interpreting(q):
+    return _config_key_for(q.dtype, q.device)
+
+
+def _config_key_for(dtype: torch.dtype, device: torch.device) -> str:
+    if is_interpreting(device):
         return "interpret"
-    return "fp32" if q.dtype == torch.float32 else "16bit"
+    return "fp32" if dtype == torch.float32 else "16bit"
 
 
 def _check_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor):
@@ -704,10 +708,7 @@ PREFILL_MAX_SPLITS = 16
 
 def prefill_block_m(dtype: torch.dtype, device: torch.device) -> int:
     """The query tile of paged_prefill_attention for q of this dtype on this device."""
-    if device.type == "cpu" or interpret_forced():
-        return PREFILL_CONFIGS["interpret"][0]
-    key = "fp32" if dtype == torch.float32 else "16bit"
-    return PREFILL_CONFIGS[key][0]
+    return PREFILL_CONFIGS[_config_key_for(dtype, device)][0]
 
 
 def prefill_tile_map(q_lens: np.ndarray, block_m: int, num_tiles: int) -> np.ndarray:
