@@ -272,3 +272,61 @@ def test_step_graphs_exchange_steps_through_pinned_memory(ckpt, monkeypatch):
     assert graphs.host_ring is not None and graphs.host_ring.is_pinned() and graphs.host64.is_pinned()
     assert [o.token_ids for o in llm.generate(ps, params)] == want
     assert graphs.step_replays >= 30 and graphs.published.item() == graphs.step_replays
+
+
+@pytest.mark.parametrize("order", ["chain", "free"])
+def test_staggered_halves_equal_one_pass(ckpt, order, monkeypatch):
+    """A wide decode batch as two halves on two streams (engine.stagger), eager and replayed from a
+    captured graph, gives the one-pass forward's hidden states (float32, TF32 off); the engine's decode
+    graphs take it from MIN_BATCH sequences on and generate the same tokens as with it off."""
+    from engine import stagger
+    from engine.attention import AttentionMetadata
+
+    monkeypatch.setattr(stagger, "ORDER", order)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    llm = LLM(ckpt, dtype="float32", max_model_len=1024, enforce_eager=True)
+    runner = llm.core.runner
+    model, kv = runner.model, runner.kv_caches
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for k, v in kv:
+        k.normal_(generator=g)
+        v.normal_(generator=g)
+    b, bs = 80, runner.block_size
+    lens = torch.randint(1, 900, (b,), generator=g, device="cuda", dtype=torch.int32)
+    width = -(-1024 // bs)
+    tables = torch.randperm(runner.num_blocks, generator=g, device="cuda")[: b * width].view(b, width)
+    tables = tables.to(torch.int32)
+    pos = (lens - 1).long()
+    slots = tables.gather(1, (pos // bs).view(-1, 1)).view(-1).long() * bs + pos % bs
+    slots[-3:] = -1  # padding rows: no K/V written, nothing attended
+    lens[-3:] = 0
+    ids = torch.randint(0, 10000, (b,), generator=g, device="cuda")
+    meta = AttentionMetadata(slots, b, tables, lens, None, None, None)
+    at = stagger.cut(
+        b, SHAPE["num_key_value_heads"], torch.cuda.get_device_properties(0).multi_processor_count
+    )
+    assert at == b // 2
+    with torch.inference_mode():
+        want = model(ids, pos, kv, meta)
+        side = torch.cuda.Stream()
+        got = stagger.staggered_forward(model, ids, pos, kv, meta, at, side)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        stagger.staggered_forward(model, ids, pos, kv, meta, at, side)  # settle allocations
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = stagger.staggered_forward(model, ids, pos, kv, meta, at, side)
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+    del llm, runner, model, kv
+    rng = random.Random(12)
+    ps = [[rng.randint(0, 10000) for _ in range(rng.randint(1, 300))] for _ in range(72)]
+    got = {}
+    for minimum in (64, 0):
+        monkeypatch.setattr(stagger, "MIN_BATCH", minimum)
+        llm = LLM(ckpt, dtype="float32", max_model_len=1024, max_num_seqs=72)
+        assert bool(llm.core.runner.graphs._stagger_cut(72)) == bool(minimum)
+        got[minimum] = [o.token_ids for o in llm.generate(ps, GREEDY)]
+        del llm
+    assert got[64] == got[0]
