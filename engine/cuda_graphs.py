@@ -10,7 +10,6 @@ import logging
 
 import torch
 
-from engine import stagger
 from engine.attention import AttentionMetadata
 from kernels import dispatch as ops
 
@@ -138,7 +137,6 @@ class DecodeGraphs(_TokenGraphs):
         self.temps = torch.zeros(n, dtype=torch.float32, device=device)
         self.seed = torch.tensor([(sample_seed or 0) & 0x7FFFFFFF], dtype=torch.int64, device=device)
         self._temps_src: torch.Tensor | None = None
-        self.side = torch.cuda.Stream(device) if device.type == "cuda" else None  # engine.stagger's
         self.graphs = capture_ladder(self.sizes, self._forward, "capturing CUDA graphs")
         self.step_graphs = {}
         samples = sample_seed is not None
@@ -185,19 +183,7 @@ class DecodeGraphs(_TokenGraphs):
             prefill_cu_seqlens_q=None,
             prefill_seq_lens=None,
         )
-        at = self._stagger_cut(bs)
-        if at:
-            return stagger.staggered_forward(self.model, self.input_ids[:bs], self.positions[:bs],
-                                             self.kv_caches, meta, at, self.side, final_norm)  # fmt: skip
         return self.model(self.input_ids[:bs], self.positions[:bs], self.kv_caches, meta, final_norm)
-
-    def _stagger_cut(self, bs: int) -> int:
-        if self.side is None:
-            return 0
-        from kernels.paged_attention import _sm_count
-
-        hk = self.model.layers[0].self_attn.num_kv_heads
-        return stagger.cut(bs, hk, _sm_count(self.input_ids.device))
 
     def _step(self, bs: int) -> torch.Tensor:
         x, residual = self._hidden(bs, final_norm=False, mapped=self.host_ring is not None)
