@@ -57,34 +57,21 @@ def paged_attention(
             q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale, sliding_window,
             max_seq_len=max_len, order=order,
         )  # fmt: skip
+    out = torch.empty_like(q)
+    if nd:  # rows 0..nd-1; in a captured step (engine.batch_graphs) the padding ones have length 0
+        ops.decode_attention(
+            q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale, sliding_window,
+            out=out[:nd], max_seq_len=max_len, order=order,
+        )  # fmt: skip
     prefill = (meta.prefill_block_tables, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, scale,
                sliding_window)  # fmt: skip
     if meta.prefill_tile_map is not None:
-        # a captured step (engine.batch_graphs): decode rows 0..nd-1 (padding ones have length 0), then
-        # the prefill chunks' tiles over the whole step, their query offsets counted from its first row
-        out = torch.empty_like(q)
-        if nd:
-            ops.decode_attention(
-                q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale,
-                sliding_window, out=out[:nd], order=order,
-            )  # fmt: skip
-        return ops.paged_attention(
-            q,
-            k_cache,
-            v_cache,
-            *prefill,
-            max_seqlen_q=meta.prefill_max_q,
-            out=out,
-            tile_map=meta.prefill_tile_map,
-        )
-    if not nd:
-        return ops.paged_attention(q, k_cache, v_cache, *prefill, max_seqlen_q=meta.prefill_max_q)
-    out = torch.empty_like(q)
-    out[:nd] = ops.decode_attention(
-        q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale, sliding_window,
-        max_seq_len=max_len, order=order,
-    )  # fmt: skip
-    out[nd:] = ops.paged_attention(q[nd:], k_cache, v_cache, *prefill, max_seqlen_q=meta.prefill_max_q)
+        # a captured step: the prefill chunks' query tiles over the whole step, their query offsets
+        # counted from its first row
+        tiles = meta.prefill_tile_map
+        return ops.paged_attention(q, k_cache, v_cache, *prefill, max_seqlen_q=meta.prefill_max_q, out=out,
+                                   tile_map=tiles)  # fmt: skip
+    ops.paged_attention(q[nd:], k_cache, v_cache, *prefill, max_seqlen_q=meta.prefill_max_q, out=out[nd:])
     return out
 
 

@@ -73,6 +73,8 @@ class BatchGraphs:
         self.inputs32 = torch.zeros(at32["tables"].start + b * max_blocks, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros((b, max_blocks), dtype=torch.int32, device=device)
         vocab = model.logits_weight.shape[0]
+        # every graph's logits land in this one buffer: outputs kept per graph would each hold their own
+        # (rows x vocab) block of the shared pool
         self.logits = torch.zeros((b, vocab), dtype=model.logits_weight.dtype, device=device)
         self.replays = 0
         self.graphs = capture_ladder(self.sizes, self._forward, "capturing batch graphs", self._as_one_prompt)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import time
 
+from engine.step_timers import StepTimers
+
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 
 
 def bucket(num_seqs: int, num_decodes: int) -> str:
-    """A step's group: 'prefill' when it has prefill chunks, else 'decode <= N' (N from BUCKETS)."""
+    """A step's group: 'with prefill' when it has prefill chunks, else 'decode <= N' (N from BUCKETS)."""
     if num_decodes < num_seqs:
         return "with prefill"
     top = next((b for b in BUCKETS if num_seqs <= b), None)
@@ -27,38 +29,43 @@ class StepBreakdown:
         self.bytes_per_s = bytes_per_s
         self.rows: list[tuple[float, object, tuple[str, int] | None]] = []  # (wall, start event, step)
         self.end = None
+        self.timers = StepTimers()  # holds the wrapped methods until __exit__
 
     def __enter__(self):
         if not self.enabled:
             return self
-        core, scheduler = self.core, self.core.scheduler
-        schedule, step = scheduler.schedule, core.step
-        cuda = core.device.type == "cuda"
+        cuda = self.core.device.type == "cuda"
         current: dict[str, tuple[str, int] | None] = {"step": None}
 
-        def scheduled():
-            batch = schedule()
-            if batch:
-                new = batch.num_new_tokens
-                context = sum(s.num_computed_tokens + n for s, n in zip(batch.seqs, new, strict=True))
-                current["step"] = (bucket(len(batch.seqs), batch.num_decodes), context)
-            return batch
+        def scheduled(schedule):
+            def wrapped():
+                batch = schedule()
+                if batch:
+                    new = batch.num_new_tokens
+                    context = sum(s.num_computed_tokens + n for s, n in zip(batch.seqs, new, strict=True))
+                    current["step"] = (bucket(len(batch.seqs), batch.num_decodes), context)
+                return batch
 
-        def timed():
-            current["step"] = None  # a step launched ahead by the previous one schedules nothing here
-            event = _event() if cuda else None
-            t0 = time.perf_counter()
-            out = step()
-            self.rows.append((time.perf_counter() - t0, event, current["step"]))
-            return out
+            return wrapped
 
-        self._restore = (schedule, step)
-        scheduler.schedule, core.step = scheduled, timed
+        def timed(step):
+            def wrapped():
+                current["step"] = None  # a step launched ahead by the previous one schedules nothing here
+                event = _event() if cuda else None
+                t0 = time.perf_counter()
+                out = step()
+                self.rows.append((time.perf_counter() - t0, event, current["step"]))
+                return out
+
+            return wrapped
+
+        self.timers.replace(self.core.scheduler, "schedule", scheduled)
+        self.timers.replace(self.core, "step", timed)
         return self
 
     def __exit__(self, *exc) -> None:
         if self.enabled:
-            self.core.scheduler.schedule, self.core.step = self._restore
+            self.timers.restore()
             if self.core.device.type == "cuda":
                 self.end = _event()
 

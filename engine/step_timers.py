@@ -13,21 +13,28 @@ class StepTimers:
         self.totals: dict[str, float] = {}
         self._saved: list[tuple[object, str, object]] = []
 
+    def replace(self, owner, name: str, make: Callable) -> None:
+        """Replaces owner.name by make(the current owner.name); restore() puts the current one back."""
+        fn = getattr(owner, name)
+        self._saved.append((owner, name, fn))
+        setattr(owner, name, make(fn))
+
     def around(self, owner, name: str, before=None, after=None) -> None:
         """Replaces owner.name by a call of it between before() and after(); restore() undoes it."""
-        fn = getattr(owner, name)
 
-        def wrapped(*args, **kwargs):
-            if before is not None:
-                before()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                if after is not None:
-                    after()
+        def make(fn):
+            def wrapped(*args, **kwargs):
+                if before is not None:
+                    before()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    if after is not None:
+                        after()
 
-        self._saved.append((owner, name, fn))
-        setattr(owner, name, wrapped)
+            return wrapped
+
+        self.replace(owner, name, make)
 
     def wrap(self, owner, name: str, label: str) -> None:
         """Sums the wall time of owner.name's calls under label."""
