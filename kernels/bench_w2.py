@@ -4,13 +4,17 @@ decode steps have, timed from CUDA graphs, per tile configuration.
     python -m kernels.bench_w2                       # every 50th step, the engine's configs and others
     python -m kernels.bench_w2 --stride 100 --configs "128,4,3 64,4,3"
     python -m kernels.bench_w2 --tiny                # a few small steps on the CPU (Triton's interpreter)
+    python -m kernels.bench_w2 --layouts "shuffled engine contiguous" --configs 128,4,3
 
 W2 (../shared/reference/benchmarks.md) decodes 256 sequences of 100-1,024 prompt tokens, each for its
 own 100-1,024 tokens: its steps go from batch 256 at ~600 keys to a few sequences at ~2,000. Each sampled
 step stands for the `stride` steps around it, so `W2 total` estimates the whole run's decode attention
 (28 layers); the engine's own time is in `python -m engine.bench --workload w2 --profile`. Per step it
 prints us and TB/s of K/V read; configurations are (BLOCK_N, warps, stages) of DECODE_CONFIGS' wide key
-(batch x KV heads >= SMs) and, below that, its split key.
+(batch x KV heads >= SMs) and, below that, its split key. Layouts place each sequence's cache blocks in
+the pool: `shuffled` (random blocks), `engine` (as a first-free allocator hands them out in W2: each
+prompt's blocks in admission order, then one block at a time as the sequences cross block boundaries
+together) and `contiguous` (each sequence's blocks one run).
 """
 
 from __future__ import annotations
@@ -25,9 +29,9 @@ LAYERS = 28
 WIDE_CONFIGS = [(128, 4, 3), (64, 4, 3), (64, 4, 4), (128, 4, 2), (64, 8, 3), (32, 4, 4), (128, 8, 3)]
 
 
-def w2_steps(stride: int, tiny: bool) -> list[tuple[int, list[int]]]:
-    """(step, contexts of the sequences still decoding at it, the new token included) every `stride`
-    steps of W2 (tiny: 2 sequences of a few dozen keys)."""
+def w2_steps(stride: int, tiny: bool) -> list[tuple[int, list[int], list[int]]]:
+    """(step, contexts of the sequences still decoding at it, the new token included, their indices)
+    every `stride` steps of W2 (tiny: 2 sequences of a few dozen keys)."""
     from engine.bench import w2_workload
 
     prompts, outs = w2_workload()
@@ -36,34 +40,77 @@ def w2_steps(stride: int, tiny: bool) -> list[tuple[int, list[int]]]:
         ins, outs = [20, 37], [5, 9]
     steps = []
     for t in range(0, max(outs), stride):
-        ctx = [n + t + 1 for n, o in zip(ins, outs, strict=True) if o > t]
-        if ctx:
-            steps.append((t, ctx))
+        rows = [i for i, o in enumerate(outs) if o > t]
+        if rows:
+            steps.append((t, [ins[i] + t + 1 for i in rows], rows))
     return steps
 
 
-def _batch(ctx: list[int], pool: tuple[torch.Tensor, torch.Tensor], dtype, device, gen: torch.Generator):
-    """q, caches, block tables (shuffled blocks of the pool), seq_lens and the new token of one step."""
+def engine_tables(tiny: bool) -> tuple[list[list[int]], int]:
+    """Every W2 sequence's whole block table as a first-free allocator builds it (prompts admitted in
+    order, then each decode step's new blocks in batch order), and the blocks used."""
+    from engine.bench import w2_workload
+
+    prompts, outs = w2_workload()
+    ins = [len(p) for p in prompts]
+    if tiny:
+        ins, outs = [20, 37], [5, 9]
+    tables, nxt = [], 0
+    for n in ins:
+        k = -(-(n + 1) // BLOCK_SIZE)
+        tables.append(list(range(nxt, nxt + k)))
+        nxt += k
+    for t in range(1, max(outs)):
+        for i, (n, o) in enumerate(zip(ins, outs, strict=True)):
+            if o > t and n + t + 1 > len(tables[i]) * BLOCK_SIZE:
+                tables[i].append(nxt)
+                nxt += 1
+    return tables, nxt
+
+
+def _batch(ctx: list[int], rows: list[int], layout: str, pool, dtype, device, gen: torch.Generator, eng):
+    """q, caches, block tables (`layout`), seq_lens and the new token of one step; rows: the W2
+    sequences still decoding."""
     k_cache, v_cache = pool
     per_seq = -(-max(ctx) // BLOCK_SIZE)
-    blocks = torch.randperm(k_cache.shape[0], generator=gen)[: len(ctx) * per_seq]
+    if layout == "shuffled":
+        blocks = torch.randperm(k_cache.shape[0], generator=gen)[: len(ctx) * per_seq]
+    elif layout == "contiguous":
+        blocks = torch.arange(len(ctx) * per_seq)
+    else:
+        blocks = torch.tensor([(eng[r] + [0] * per_seq)[:per_seq] for r in rows]).flatten()
     tables = blocks.view(len(ctx), per_seq).to(device=device, dtype=torch.int32)
     seq_lens = torch.tensor(ctx, dtype=torch.int32, device=device)
     q, new = _new_token(seq_lens, tables, dtype, device)
     return q, tables, seq_lens, new
 
 
-def replay(configs: list[tuple[int, int, int]], stride: int, timer: Timer, dtype, device, tiny: bool) -> None:
+def replay(
+    configs: list[tuple[int, int, int]],
+    layouts: list[str],
+    stride: int,
+    timer: Timer,
+    dtype,
+    device,
+    tiny: bool,
+) -> None:
+    for layout in layouts:
+        print(f"# layout {layout}")
+        _replay(configs, layout, stride, timer, dtype, device, tiny)
+
+
+def _replay(configs, layout: str, stride: int, timer: Timer, dtype, device, tiny: bool) -> None:
     from kernels import paged_attention as pa
 
     steps = w2_steps(stride, tiny)
-    blocks = max(len(ctx) * -(-max(ctx) // BLOCK_SIZE) for _, ctx in steps)  # the widest table
+    eng, used = engine_tables(tiny)
+    blocks = max(used, max(len(ctx) * -(-max(ctx) // BLOCK_SIZE) for _, ctx, _ in steps))  # the widest
     shape = (blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
     pool = _randn(*shape, dtype=dtype, device=device), _randn(*shape, dtype=dtype, device=device)
     keys = ("interpret",) if device.type == "cpu" else ("16bit_wide", "16bit")
     saved = {k: pa.DECODE_CONFIGS[k] for k in keys}
     gen = torch.Generator().manual_seed(0)
-    batches = [(t, ctx, _batch(ctx, pool, dtype, device, gen)) for t, ctx in steps]
+    batches = [(t, ctx, _batch(ctx, rows, layout, pool, dtype, device, gen, eng)) for t, ctx, rows in steps]
     totals = {}
     try:
         for cfg in configs:
@@ -104,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--reps", type=int, default=30, help="timed replays per step (median)")
     parser.add_argument(
+        "--layouts", default="shuffled", help="space-separated block layouts: shuffled, engine, contiguous"
+    )
+    parser.add_argument(
         "--tiny", action="store_true", help="tiny steps on the CPU through Triton's interpreter"
     )
     args = parser.parse_args(argv)
@@ -117,7 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiny and not args.configs:
         configs = [(16, 4, 1)]
     torch.manual_seed(0)
-    replay(configs, 4 if args.tiny else args.stride, Timer(device, reps, False), dtype, device, args.tiny)
+    layouts = args.layouts.split()
+    for name in layouts:
+        if name not in ("shuffled", "engine", "contiguous"):
+            parser.error(f"--layouts: unknown layout {name!r} (shuffled, engine, contiguous)")
+    timer = Timer(device, reps, False)
+    replay(configs, layouts, 4 if args.tiny else args.stride, timer, dtype, device, args.tiny)
     return 0
 
 

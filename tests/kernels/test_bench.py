@@ -68,16 +68,23 @@ def test_w2_replay_help_and_steps(capsys):
         bench_w2.main(["--help"])
     assert exit_info.value.code == 0 and "--stride" in capsys.readouterr().out
     steps = bench_w2.w2_steps(100, tiny=False)
-    assert [t for t, _ in steps][:3] == [0, 100, 200] and len(steps[0][1]) == 256  # every sequence decodes
-    assert all(len(b) <= len(a) for (_, a), (_, b) in zip(steps, steps[1:], strict=False))  # batches shrink
+    assert [t for t, _, _ in steps][:3] == [0, 100, 200] and len(steps[0][1]) == 256  # every sequence decodes
+    assert all(len(b) <= len(a) for (_, a, _), (_, b, _) in zip(steps, steps[1:], strict=False))  # shrink
     assert min(steps[0][1]) >= 101 and max(steps[-1][1]) <= 1024 + 1024  # prompt + step + 1, within W2's
+    assert all(len(ctx) == len(rows) for _, ctx, rows in steps) and steps[0][2] == list(range(256))
+    tables, used = bench_w2.engine_tables(tiny=False)
+    blocks = sorted(b for t in tables for b in t)
+    assert blocks == list(range(used))  # every block handed out once
+    for _, ctx, rows in steps:
+        assert all(len(tables[r]) * 16 >= c for r, c in zip(rows, ctx, strict=True))  # room for each context
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny CPU run is for machines without CUDA")
 def test_w2_replay_tiny_cpu_run(capsys):
     from kernels import bench_w2
 
-    assert bench_w2.main(["--tiny"]) == 0
+    assert bench_w2.main(["--tiny", "--layouts", "engine contiguous"]) == 0
     out = capsys.readouterr().out
+    assert "# layout engine" in out and "# layout contiguous" in out
     assert "(16, 4, 1): W2 total" in out and "0:B2 " in out and "8:B1 " in out
     assert out.splitlines()[-1].startswith("best (16, 4, 1):")
