@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kernels import dispatch as ops
+from kernels import reference as ref
 
 
 @dataclass
@@ -89,8 +90,13 @@ def attention_block(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int | None = None,
+    row_scale: tuple[torch.Tensor, float] | None = None,  # (residual, eps): qkv read it un-normalized
 ) -> torch.Tensor:  # (num_tokens, num_heads * head_dim)
-    """Everything between the qkv and o projections: q/k norm, RoPE, the K/V store and attention."""
+    """Everything between the qkv and o projections: q/k norm, RoPE, the K/V store and attention. With
+    row_scale, qkv is the projection of the residual stream without its RMSNorm (the norm's weight folded
+    into it, kernels.dispatch.folded_decode_layer_tail): reference.row_scaled by it first."""
+    if row_scale is not None and meta.prefill_block_tables is not None:
+        qkv, row_scale = ref.row_scaled(qkv, *row_scale), None
     t = qkv.shape[0]
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
@@ -102,6 +108,7 @@ def attention_block(
             q, k, v, q_norm_weight, k_norm_weight, eps, positions, cos_sin, kv_cache[0], kv_cache[1],
             meta.slot_mapping, meta.decode_block_tables, meta.decode_seq_lens, scale, sliding_window,
             max_seq_len=meta.decode_max_seq_len or None, order=meta.decode_order(num_kv_heads),
+            row_scale=row_scale,
         )  # fmt: skip
         return o.reshape(t, q_size)
     q, _ = ops.qk_norm_rope_store_kv(

@@ -236,12 +236,17 @@ def _qk_norm_weights(q: torch.Tensor, q_w: torch.Tensor | None, k_w: torch.Tenso
     return q_w.contiguous(), k_w.contiguous()
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    # x: (..., 2 * intermediate) -> (..., intermediate)
+def silu_and_mul(x: torch.Tensor, row_scale: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+    """x: (..., 2 * intermediate) -> (..., intermediate); with row_scale (h (tokens, hidden), eps), of
+    reference.row_scaled(x, h, eps) (x: (tokens, 2 * intermediate))."""
     if not use_triton(x) or x.stride(-1) != 1:
+        if row_scale is not None:
+            x = ref.row_scaled(x, *row_scale)
         return ref.silu_and_mul(x)
     from kernels.activation import silu_and_mul as triton_silu_and_mul
 
+    if row_scale is not None:
+        return triton_silu_and_mul(x, row_scale=(row_scale[0].contiguous(), row_scale[1]))
     out = triton_silu_and_mul(x.reshape(-1, x.shape[-1]))
     return out.view(*x.shape[:-1], x.shape[-1] // 2)
 
@@ -417,6 +422,35 @@ def decode_layer_tail(
     return add_rms_norm_linear(y, residual, w.norm1_next, w.eps1_next, w.qkv_next, w.qkv_next_bias)
 
 
+# Wide decode-only steps of a model whose RMSNorm weights are folded into the projections they feed
+# (LlamaForCausalLM.fold_norms): a layer's tail is the four projections and the SiLU-and-mul, with no norm
+# launch. The o and down GEMMs add into the residual stream (beta = 1), gate_up and the next qkv read it
+# un-normalized, and the launch after each (the SiLU-and-mul, the next layer's decode attention) multiplies
+# by 1 / rms of the row (reference.row_scaled). From FOLD_MIN_M rows: below, the GEMV takes o_proj.
+FOLDED_TAIL = True
+FOLD_MIN_M = 5
+
+
+def folded_tail_fits(m: int, w: ref.TailWeights) -> bool:
+    """Whether folded_decode_layer_tail takes a tail of m rows (a layer before the last, no biases)."""
+    biases = (w.o_bias, w.gate_up_bias, w.down_bias, w.qkv_next_bias)
+    return FOLDED_TAIL and m >= FOLD_MIN_M and w.qkv_next is not None and all(b is None for b in biases)
+
+
+def folded_decode_layer_tail(
+    a: torch.Tensor,  # (M, A): the attention output
+    residual: torch.Tensor,  # (M, H), updated in place
+    w: ref.TailWeights,  # norm2 and norm1_next folded into gate_up and qkv_next (their weights ones)
+) -> tuple[torch.Tensor, torch.Tensor]:  # (next qkv of the un-normalized residual (M, NQ), residual)
+    """decode_layer_tail of a folded model, its next qkv left for row_scaled(qkv, residual, w.eps1_next)
+    (the decode attention applies it: qk_norm_rope_decode_attention's row_scale)."""
+    residual.addmm_(a, w.o.t())  # residual + o
+    gate_up = torch.nn.functional.linear(residual, w.gate_up)
+    y = silu_and_mul(gate_up, (residual, w.eps2))
+    residual.addmm_(y, w.down.t())
+    return torch.nn.functional.linear(residual, w.qkv_next), residual
+
+
 def sample_tokens(
     logits: torch.Tensor,  # (batch, vocab)
     temperatures: torch.Tensor,  # (batch,) float32; 0 = greedy
@@ -566,11 +600,15 @@ def qk_norm_rope_decode_attention(
     *,
     max_seq_len: int | None = None,
     order: torch.Tensor | None = None,  # (batch,) int32: the rows longest first (decode_order)
+    row_scale: tuple[torch.Tensor, float] | None = None,  # (h (batch, hidden), eps): folded_decode_layer_tail
 ) -> torch.Tensor:  # (batch, num_heads, head_dim)
     """qk_norm_rope_store_kv + decode_attention of a decode-only batch; on CUDA one launch, which
-    leaves q and k as they are (the two-step path rotates them in place)."""
+    leaves q and k as they are (the two-step path rotates them in place). With row_scale, q, k and v are
+    reference.row_scaled by it first."""
     weights = _qk_norm_weights(q, q_norm_weight, k_norm_weight)
     if not use_triton(q) or weights is None or k.stride(1) != k.shape[-1] or v.stride(1) != v.shape[-1]:
+        if row_scale is not None:
+            q, k, v = (ref.row_scaled(t, *row_scale) for t in (q, k, v))
         q, _ = qk_norm_rope_store_kv(
             q, k, v, q_norm_weight, k_norm_weight, eps, positions, cos_sin, k_cache, v_cache, slot_mapping
         )
@@ -581,7 +619,9 @@ def qk_norm_rope_decode_attention(
     from kernels.paged_attention import NewTokenQK, paged_decode_attention
 
     q_norm_weight, k_norm_weight = weights
-    new = NewTokenQK(k, v, q_norm_weight, k_norm_weight, eps, positions, cos_sin.contiguous(), slot_mapping)
+    h, h_eps = row_scale if row_scale is not None else (None, 0.0)
+    new = NewTokenQK(k, v, q_norm_weight, k_norm_weight, eps, positions, cos_sin.contiguous(), slot_mapping,
+                     h.contiguous() if h is not None else None, h_eps)  # fmt: skip
     return paged_decode_attention(
         q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, max_seq_len=max_seq_len,
         new_token=new, order=order,

@@ -253,6 +253,7 @@ def _decode_kernel(
     slot_ptr,  # FUSE_QK: (batch,) int cache slots; < 0 = padding
     counter_ptr,  # FUSED_REDUCE: (batch * num_kv_heads,) int32 zeros, left zeroed
     order_ptr,  # ORDERED: (batch,) int32, the batch rows in the order their programs are dispatched
+    h_ptr,  # ROW_SCALE: (batch, hidden) the residual stream the qkv projection read un-normalized
     scale_log2,
     stride_qb,
     stride_qh,
@@ -261,8 +262,11 @@ def _decode_kernel(
     stride_bt,
     stride_kb,
     stride_vb,
+    stride_hb,
+    hidden,
     window,
     eps,
+    eps_h,
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -283,6 +287,8 @@ def _decode_kernel(
     ORDERED: tl.constexpr,  # the grid's sequence index i runs sequence order[i]
     PDL: tl.constexpr,  # launched with programmatic dependent launch (kernels.pdl)
     PEEL: tl.constexpr,  # FUSE_QK: the first tile asked for before the new token's work (DECODE_PEEL)
+    ROW_SCALE: tl.constexpr,  # FUSE_QK: q, k and v times 1 / rms(h) first (NewTokenQK.row_scale)
+    BLOCK_H: tl.constexpr,  # >= hidden (ROW_SCALE)
 ):
     """One (sequence, KV head, split) per program: grid (batch, num_kv_heads, NUM_SPLITS), or
     (num_kv_heads, batch, NUM_SPLITS) HEAD_MAJOR; ORDERED, the grid's batch index goes through order."""
@@ -333,6 +339,15 @@ def _decode_kernel(
         k_row = k_new_ptr + b.to(tl.int64) * stride_kb + kvh * HEAD_DIM
         ka = tl.load(k_row + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]  # (1, BLOCK_D)
         kb = tl.load(k_row + partner, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+        rs = 1.0
+        if ROW_SCALE:  # the layer's input RMSNorm (its weight folded into the projection), rounded to dt
+            hc = tl.arange(0, BLOCK_H)
+            hv = tl.load(h_ptr + b.to(tl.int64) * stride_hb + hc, mask=hc < hidden, other=0.0).to(tl.float32)
+            rs = 1.0 / tl.sqrt(tl.sum(hv * hv, axis=0) / hidden + eps_h)
+            qa = (qa * rs).to(dt).to(tl.float32)
+            qb = (qb * rs).to(dt).to(tl.float32)
+            ka = (ka * rs).to(dt).to(tl.float32)
+            kb = (kb * rs).to(dt).to(tl.float32)
         if HAS_NORM:
             rq = 1.0 / tl.sqrt(tl.sum(qa * qa, axis=1) / HEAD_DIM + eps)[:, None]
             wa = tl.load(qw_ptr + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
@@ -352,7 +367,10 @@ def _decode_kernel(
         ct = k_cache_ptr.dtype.element_ty
         if PEEL:
             k_new = tl.sum((ka * cos + sign * kb * sin).to(dt), axis=0).to(ct)  # (BLOCK_D,)
-            v_new = tl.load(v_new_ptr + b.to(tl.int64) * stride_vb + kvh * HEAD_DIM + d, mask=d_mask).to(ct)
+            v_new = tl.load(v_new_ptr + b.to(tl.int64) * stride_vb + kvh * HEAD_DIM + d, mask=d_mask)
+            if ROW_SCALE:
+                v_new = (v_new.to(tl.float32) * rs).to(dt)
+            v_new = v_new.to(ct)
             if owner:
                 dst = slot * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d
                 tl.store(k_cache_ptr + dst, k_new, mask=d_mask)
@@ -365,6 +383,8 @@ def _decode_kernel(
             if owner:
                 k_new = tl.sum((ka * cos + sign * kb * sin).to(dt), axis=0)  # (BLOCK_D,)
                 v_new = tl.load(v_new_ptr + b.to(tl.int64) * stride_vb + kvh * HEAD_DIM + d, mask=d_mask)
+                if ROW_SCALE:
+                    v_new = (v_new.to(tl.float32) * rs).to(dt)
                 dst = slot * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d
                 tl.store(k_cache_ptr + dst, k_new.to(ct), mask=d_mask)
                 tl.store(v_cache_ptr + dst, v_new.to(ct), mask=d_mask)
@@ -783,6 +803,11 @@ class NewTokenQK(NamedTuple):
     positions: torch.Tensor  # (batch,) int
     cos_sin: torch.Tensor  # (max_positions, head_dim) float32, contiguous
     slot_mapping: torch.Tensor  # (batch,) int; < 0 = padding
+    # (batch, hidden), last dim contiguous: the residual stream the qkv projection read without its RMSNorm
+    # (the norm's weight folded into the projection): q, k and v are first multiplied by 1 / rms(row) and
+    # rounded, as reference.row_scaled
+    row_scale: torch.Tensor | None = None
+    row_eps: float = 0.0
 
 
 _MAX_COUNTERS = 1 << 16
@@ -924,6 +949,7 @@ def decode_launch(
         part_out = part_lse = out
     group = h // hk
     has_norm = nt is not None and nt.q_norm_weight is not None
+    hs = nt.row_scale if nt is not None else None
     head_major = DECODE_HEAD_MAJOR and num_splits == 1 and wide
     if order is not None and (order.shape != (b,) or order.dtype != torch.int32):
         raise ValueError("order must be (batch,) int32, a permutation of the batch rows")
@@ -932,10 +958,11 @@ def decode_launch(
         nt.k if nt else q, nt.v if nt else q, nt.q_norm_weight if has_norm else q,
         nt.k_norm_weight if has_norm else q, nt.positions if nt else seq_lens, nt.cos_sin if nt else q,
         nt.slot_mapping if nt else seq_lens, _counters(q.device) if fused_reduce else seq_lens,
-        order if order is not None else seq_lens, scale * LOG2E, q.stride(0), q.stride(1), out.stride(0),
-        out.stride(1), block_tables.stride(0),
-        nt.k.stride(0) if nt else 0, nt.v.stride(0) if nt else 0, _window(sliding_window),
-        nt.eps if nt else 0.0,
+        order if order is not None else seq_lens, hs if hs is not None else q, scale * LOG2E, q.stride(0),
+        q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        nt.k.stride(0) if nt else 0, nt.v.stride(0) if nt else 0, hs.stride(0) if hs is not None else 0,
+        hs.shape[1] if hs is not None else 0, _window(sliding_window), nt.eps if nt else 0.0,
+        nt.row_eps if hs is not None else 0.0,
     )  # fmt: skip
     consts = dict(
         NUM_KV_HEADS=hk, GROUP=group, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_G=max(16, next_pow2(group)),
@@ -944,7 +971,7 @@ def decode_launch(
         FUSE_QK=nt is not None, HAS_NORM=has_norm, FUSED_REDUCE=fused_reduce,
         DOT_PREC=_dot_precision(q.dtype), ONE_LOOP=DECODE_ONE_LOOP, HEAD_MAJOR=head_major,
         ORDERED=order is not None, PDL=b == 1 and pdl.enabled(q.device),
-        PEEL=peel,
+        PEEL=peel, ROW_SCALE=hs is not None, BLOCK_H=next_pow2(hs.shape[1]) if hs is not None else 1,
     )  # fmt: skip
     partials = (part_out, part_lse) if num_splits > 1 and not fused_reduce else None
     return DecodeLaunch(args, consts, (b, hk, num_splits), out, warps, stages, partials)
@@ -958,6 +985,9 @@ def _check_new_token(q: torch.Tensor, nt: NewTokenQK, hk: int) -> None:
         raise ValueError("new k/v need contiguous heads (a row of the qkv output)")
     if nt.k.dtype != q.dtype or q.stride(-1) != 1 or d % 2:
         raise ValueError("q and the new k share a dtype; q's last dim is contiguous; head_dim is even")
+    hs = nt.row_scale
+    if hs is not None and (hs.dim() != 2 or hs.shape[0] != b or hs.stride(-1) != 1):
+        raise ValueError(f"row_scale must be ({b}, hidden) with a contiguous last dim, got {tuple(hs.shape)}")
     if (nt.q_norm_weight is None) != (nt.k_norm_weight is None):
         raise ValueError("q_norm_weight and k_norm_weight go together")
     for w in (nt.q_norm_weight, nt.k_norm_weight):

@@ -148,6 +148,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
+def row_scaled(x: torch.Tensor, h: torch.Tensor, eps: float) -> torch.Tensor:
+    """x (num_tokens, ...) times 1 / rms of each row of h (num_tokens, hidden), rounded to x's dtype: the
+    output of a projection that read h un-normalized, its RMSNorm's weight folded into it, made
+    rms_norm(h) @ W^T (up to rounding)."""
+    hf = h.float()
+    rs = torch.rsqrt(hf.pow(2).mean(-1) + eps)  # (num_tokens,)
+    return (x.float() * rs.view(-1, *([1] * (x.dim() - 1)))).to(x.dtype)
+
+
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:

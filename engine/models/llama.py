@@ -71,12 +71,13 @@ class Attention(nn.Module):
         cos_sin: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
+        row_scale: tuple[torch.Tensor, float] | None = None,  # see attention_block
     ) -> torch.Tensor:  # (num_tokens, q_size): the attention output, before o_proj
         return attention_block(
             qkv, self.num_heads, self.num_kv_heads, self.head_dim,
             self.q_norm.weight if self.qk_norm else None, self.k_norm.weight if self.qk_norm else None,
             self.q_norm.eps if self.qk_norm else 0.0, positions, cos_sin, kv_cache, meta, self.scale,
-            self.sliding_window,
+            self.sliding_window, row_scale,
         )  # fmt: skip
 
 
@@ -134,13 +135,21 @@ class DecoderLayer(nn.Module):
             qkv.weight if qkv is not None else None, qkv.bias if qkv is not None else None,
         )  # fmt: skip
 
-    def forward(self, qkv, residual, positions, cos_sin, kv_cache, meta, tail: ref.TailWeights):
+    def forward(
+        self, qkv, residual, positions, cos_sin, kv_cache, meta, tail: ref.TailWeights,
+        raw_in: bool = False, fold: bool = False,
+    ):  # fmt: skip
         """qkv: (num_tokens, q_size + 2 * kv_size), this layer's projected input; residual: the stream so
         far; tail: tail_weights(the next layer). Returns (the next layer's qkv, residual), or (the MLP
         output, residual) for the last layer. Each (residual add +) RMSNorm runs inside the projection
         that reads it, and at decode batch 1 the whole tail from o_proj to the next layer's qkv is one
-        launch (ops.decode_layer_tail)."""
-        a = self.self_attn.attend(qkv, positions, cos_sin, kv_cache, meta)  # (num_tokens, q_size)
+        launch (ops.decode_layer_tail). raw_in: qkv is of the residual without its RMSNorm (the weights
+        folded, LlamaForCausalLM.fold_norms); fold: this tail returns such a qkv
+        (ops.folded_decode_layer_tail)."""
+        row_scale = (residual, self.input_layernorm.eps) if raw_in else None
+        a = self.self_attn.attend(qkv, positions, cos_sin, kv_cache, meta, row_scale)  # (num_tokens, q_size)
+        if fold:
+            return ops.folded_decode_layer_tail(a, residual, tail)
         return ops.decode_layer_tail(a, residual, tail)
 
 
@@ -157,6 +166,7 @@ class LlamaForCausalLM(nn.Module):
         inv_freq, scaling = rope_inv_freq(config)
         self.register_buffer("cos_sin", _cos_sin(inv_freq, max_positions, scaling), persistent=False)
         self._tail_weights: list[ref.TailWeights] | None = None
+        self.norms_folded = False
 
     def forward(
         self,
@@ -169,12 +179,34 @@ class LlamaForCausalLM(nn.Module):
         """The final hidden states; without final_norm (x, residual) before the last norm, for a
         consumer that applies it itself (kernels.lm_head_sample)."""
         x, residual = self.layers[0].qkv(input_ids, self.embed_tokens.weight)
-        for layer, kv, tail in zip(self.layers, kv_caches, self._tails(), strict=True):
-            x, residual = layer(x, residual, positions, self.cos_sin, kv, meta, tail)
+        tails = self._tails()
+        # decode-only steps of a folded model: tails without norm launches (ops.folded_tail_fits)
+        fold = self.norms_folded and meta.prefill_block_tables is None
+        folds = [fold and ops.folded_tail_fits(x.shape[0], tail) for tail in tails]
+        raw = False
+        for layer, kv, tail, f in zip(self.layers, kv_caches, tails, folds, strict=True):
+            x, residual = layer(x, residual, positions, self.cos_sin, kv, meta, tail, raw_in=raw, fold=f)
+            raw = f
         if not final_norm:
             return x, residual
         x, _ = self.norm.forward_add(x, residual)
         return x
+
+    @torch.no_grad()
+    def fold_norms(self) -> None:
+        """Multiplies each layer's input and post-attention RMSNorm weights into the projection after them
+        (qkv_proj's and gate_up_proj's input columns) and sets those norm weights to ones: the same model
+        up to one rounding of each product, whose wide decode steps then skip the norm launches
+        (ops.folded_decode_layer_tail). Call once, after the weights are loaded."""
+        if self.norms_folded:
+            raise RuntimeError("the norms are already folded")
+        for layer in self.layers:
+            pairs = ((layer.input_layernorm, layer.self_attn.qkv_proj),
+                     (layer.post_attention_layernorm, layer.mlp.gate_up_proj))  # fmt: skip
+            for norm, proj in pairs:
+                proj.weight.copy_(proj.weight.float() * norm.weight.float()[None, :])
+                norm.weight.fill_(1.0)
+        self.norms_folded = True
 
     def _tails(self) -> list[ref.TailWeights]:
         """Each layer's tail weights (with the next layer's norm and qkv), built at the first forward. They

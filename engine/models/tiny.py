@@ -74,9 +74,11 @@ def build_checkpoint(
     seed: int = 0,
     shape: dict | None = None,
     max_shard_size: str | None = None,
+    norm_spread: float = 0.0,
     **overrides,
 ) -> Path:
-    """Write config.json, model.safetensors (or shards), tokenizer files into folder."""
+    """Write config.json, model.safetensors (or shards), tokenizer files into folder. norm_spread: the
+    RMSNorm weights drawn around 1 with that standard deviation (transformers initialises them to ones)."""
     import torch
     import transformers
 
@@ -92,6 +94,11 @@ def build_checkpoint(
     config = config_cls(**fields)
     torch.manual_seed(seed)
     model = model_cls(config).to(torch.float32).eval()
+    if norm_spread:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.copy_(1.0 + norm_spread * torch.randn_like(p))
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(folder, safe_serialization=True, **kwargs)
     write_tokenizer(folder)

@@ -137,3 +137,36 @@ def test_prefix_cache_parity(arch_case, block_size):
     again = llm.generate(prompts, GREEDY)
     ties += assert_parity(hf, prompts, again)
     print(f"{arch}/prefix bs={block_size}: near-tie divergences: {ties}")
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_folded_norms_parity(checkpoint_factory, arch, monkeypatch):
+    """RMSNorm weights folded into the projections after them (LlamaForCausalLM.fold_norms, what 16-bit
+    models on CUDA get): decode steps of 5 rows or more skip the norms (kernels.dispatch.FOLDED_TAIL,
+    the residual adds in the projections, each row's 1 / rms applied by the SiLU and the attention), on
+    weights whose norms are not ones; greedy tokens equal HF's up to near-ties."""
+    from kernels import dispatch
+
+    path = checkpoint_factory(arch, norm_spread=0.3)
+    hf = HFReference(path)
+    llm = LLM(path, device="cpu", dtype="float32", num_kv_blocks=2048)
+    model = llm.core.runner.model
+    layer = model.layers[1]
+    before = layer.mlp.gate_up_proj.weight.clone(), layer.post_attention_layernorm.weight.clone()
+    model.fold_norms()
+    assert torch.equal(layer.post_attention_layernorm.weight, torch.ones_like(before[1]))
+    assert torch.allclose(layer.mlp.gate_up_proj.weight, before[0] * before[1][None, :])
+    with pytest.raises(RuntimeError, match="already folded"):
+        model.fold_norms()
+    calls = []
+    folded = dispatch.folded_decode_layer_tail
+
+    def counted(*args):
+        calls.append(args[0].shape[0])
+        return folded(*args)
+
+    monkeypatch.setattr(dispatch, "folded_decode_layer_tail", counted)
+    prompts = make_prompts(seed=3, n=12)
+    ties = assert_parity(hf, prompts, llm.generate(prompts, GREEDY))
+    assert calls and min(calls) >= dispatch.FOLD_MIN_M  # the wide decode steps took the folded tails
+    print(f"{arch}/folded norms: {len(calls)} folded tails, near-tie divergences: {ties}")

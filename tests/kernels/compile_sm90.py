@@ -64,6 +64,7 @@ def _launches(dtype: torch.dtype):
             q4, k4 = torch.randn(4, 16, 128).to(dtype), torch.randn(4, 8, 128).to(dtype)
             apply_rope(q4, k4, torch.arange(4), cos_sin)
             silu_and_mul(torch.randn(4, 6144).to(dtype))
+            silu_and_mul(torch.randn(4, 6144).to(dtype), row_scale=(x, 1e-6))  # folded norms' wide tail
             longest_first(torch.randint(0, 99, (200,), dtype=torch.int32))
             qkv = torch.randn(4, 32, 128).to(dtype)
             qk_norm_rope_store_kv(
@@ -83,6 +84,10 @@ def _launches(dtype: torch.dtype):
                         paged_decode_attention(q2, kc, vc, bt, sl, 0.1, new_token=new, num_splits=splits)
                     finally:
                         pa.DECODE_ONE_LOOP = default
+            # the wide batch of a model with folded norms: q/k/v times 1 / rms of the residual's row first
+            folded = NewTokenQK(qkv[:2, 16:24], qkv[:2, 24:], w[:128], w[:128], 1e-6, torch.arange(2),
+                                torch.randn(16, 128), torch.arange(2), x[:2], 1e-6)  # fmt: skip
+            paged_decode_attention(qkv[:2, :16], kc, vc, bt, sl, 0.1, new_token=folded, num_splits=1)
             one = NewTokenQK(qkv[:1, 16:24], qkv[:1, 24:], w[:128], w[:128], 1e-6, torch.arange(1),
                              torch.randn(16, 128), torch.arange(1))  # fmt: skip
             # batch 1: launched with programmatic dependent launch (kernels.pdl)

@@ -94,6 +94,31 @@ def test_fused_decode_window_and_padding_row(dtype, one_loop, peel, monkeypatch)
     assert max_err(kc, kc_ref) < ATOL[dtype] and torch.equal(vc, vc_ref)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_fused_decode_row_scale(dtype, norm, num_splits):
+    """q/k/v of a qkv projection that read the residual stream without its RMSNorm (the norm's weight
+    folded into the projection): the launch multiplies them by 1 / rms(h's row) first, as
+    reference.row_scaled, before the q/k norm, RoPE, store and attention."""
+    ctx = [37, 5, 70]
+    q, k, v, wq, wk, pos, cs, kc, vc, bt, sl, slots = _case(dtype, ctx, norm=norm)
+    gen = torch.Generator().manual_seed(9)
+    h = (torch.randn(len(ctx), 48, generator=gen) * torch.tensor([[0.3], [4.0], [30.0]])).to(dtype)
+    kc0, vc0 = kc.clone(), vc.clone()
+    nt = NewTokenQK(k, v, wq, wk, 1e-6, pos, cs, slots, h, 1e-5)
+    out = paged_decode_attention(q, kc, vc, bt, sl, SCALE, num_splits=num_splits, new_token=nt)
+    scaled = [ref.row_scaled(t, h, 1e-5) for t in (q, k, v)]
+    want, kc_ref, vc_ref = _reference(*scaled, wq, wk, pos, cs, kc0, vc0, bt, sl, slots)
+    assert max_err(out, want) < ATOL[dtype]
+    assert max_err(kc, kc_ref) < ATOL[dtype] and max_err(vc, vc_ref) < ATOL[dtype]
+    plain, _, vc_plain = _reference(q, k, v, wq, wk, pos, cs, kc0, vc0, bt, sl, slots)
+    assert max_err(vc_plain, vc_ref) > 10 * ATOL[dtype]  # the scale reached the stored v
+    with pytest.raises(ValueError, match="row_scale"):
+        bad = NewTokenQK(k, v, wq, wk, 1e-6, pos, cs, slots, h[:2], 1e-5)
+        paged_decode_attention(q, kc, vc, bt, sl, SCALE, new_token=bad)
+
+
 def test_in_kernel_merge_equals_merge_kernel():
     q, kc, vc, bt, _, sl = make_paged([90, 33, 64], [1, 1, 1], H, HK, D, 16, torch.float32)
     merged = paged_decode_attention(q, kc, vc, bt, sl, SCALE, num_splits=4, fused_reduce=True)

@@ -70,6 +70,13 @@ def test_rope(dtype, h, hk, d):
 def _check_silu(dtype, device, inter):
     x = _randn(3, 2 * inter, dtype=dtype, device=device) * 4
     assert max_err(silu_and_mul(x), ref.silu_and_mul(x)) < ATOL[dtype]
+    # a gate_up of the un-normalized residual stream: each row times 1 / rms(h's row) first
+    spread = torch.tensor([[0.5], [3.0], [20.0]], dtype=dtype, device=device)
+    h = _randn(3, 96, dtype=dtype, device=device, seed=5) * spread
+    want = ref.silu_and_mul(ref.row_scaled(x, h, EPS))
+    size = max(1.0, float(want.abs().max()))  # outputs up to ~50: the tolerance relative to them
+    assert max_err(silu_and_mul(x, row_scale=(h, EPS)), want) < ATOL[dtype] * size
+    assert max_err(want, ref.silu_and_mul(x)) > 10 * ATOL[dtype] * size  # the scale matters
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -83,6 +90,8 @@ def test_launchers_reject_bad_shapes():
         rms_norm(torch.randn(2, 8), torch.randn(7), EPS)
     with pytest.raises(ValueError):
         silu_and_mul(torch.randn(2, 7))
+    with pytest.raises(ValueError, match="row_scale"):
+        silu_and_mul(torch.randn(2, 8), row_scale=(torch.randn(3, 8), EPS))
     with pytest.raises(ValueError):
         apply_rope(torch.randn(2, 2, 8), torch.randn(2, 1, 8), torch.tensor([0, 1]), torch.randn(4, 8).half())
 
