@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 import torch
 
 from kernels import dispatch as ops
-from kernels import reference as ref
 
 
 @dataclass
@@ -93,10 +92,11 @@ def attention_block(
     row_scale: tuple[torch.Tensor, float] | None = None,  # (residual, eps): qkv read it un-normalized
 ) -> torch.Tensor:  # (num_tokens, num_heads * head_dim)
     """Everything between the qkv and o projections: q/k norm, RoPE, the K/V store and attention. With
-    row_scale, qkv is the projection of the residual stream without its RMSNorm (the norm's weight folded
-    into it, kernels.dispatch.folded_decode_layer_tail): reference.row_scaled by it first."""
+    row_scale (decode-only steps), qkv is the projection of the residual stream without its RMSNorm (the
+    norm's weight folded into it, kernels.dispatch.folded_decode_layer_tail): reference.row_scaled by it
+    first."""
     if row_scale is not None and meta.prefill_block_tables is not None:
-        qkv, row_scale = ref.row_scaled(qkv, *row_scale), None
+        raise ValueError("row_scale is for decode-only steps (the folded tails run only there)")
     t = qkv.shape[0]
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)

@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from kernels._jit import is_interpreting, kernel, next_pow2
+from kernels.rmsnorm import row_rstd
 
 
 @kernel
@@ -32,9 +33,7 @@ def _silu_and_mul_kernel(
     u = tl.load(x_ptr + row * stride_x + inter + cols, mask=mask, other=0.0).to(tl.float32)
     if ROW_SCALE:
         dt = x_ptr.dtype.element_ty
-        hc = tl.arange(0, BLOCK_H)
-        h = tl.load(h_ptr + row * stride_h + hc, mask=hc < hidden, other=0.0).to(tl.float32)
-        rs = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / hidden + eps)
+        rs = row_rstd(h_ptr, row, stride_h, hidden, eps, BLOCK_H)
         g = (g * rs).to(dt).to(tl.float32)
         u = (u * rs).to(dt).to(tl.float32)
     # F.silu rounds to the activation dtype before the multiply

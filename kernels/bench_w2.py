@@ -94,12 +94,6 @@ def replay(
     device,
     tiny: bool,
 ) -> None:
-    for layout in layouts:
-        print(f"# layout {layout}")
-        _replay(configs, layout, stride, timer, dtype, device, tiny)
-
-
-def _replay(configs, layout: str, stride: int, timer: Timer, dtype, device, tiny: bool) -> None:
     from kernels import paged_attention as pa
 
     steps = w2_steps(stride, tiny)
@@ -109,28 +103,39 @@ def _replay(configs, layout: str, stride: int, timer: Timer, dtype, device, tiny
     pool = _randn(*shape, dtype=dtype, device=device), _randn(*shape, dtype=dtype, device=device)
     keys = ("interpret",) if device.type == "cpu" else ("16bit_wide", "16bit")
     saved = {k: pa.DECODE_CONFIGS[k] for k in keys}
-    gen = torch.Generator().manual_seed(0)
-    batches = [(t, ctx, _batch(ctx, rows, layout, pool, dtype, device, gen, eng)) for t, ctx, rows in steps]
-    totals = {}
     try:
-        for cfg in configs:
-            for k in keys:  # the wide steps' tile and the split steps' alike
-                pa.DECODE_CONFIGS[k] = cfg
-            total, cells = 0.0, []
-            for t, ctx, (q, tables, seq_lens, new) in batches:
-                order = pa.longest_first(seq_lens) if pa.wants_order(len(ctx), NUM_KV_HEADS, device) else None
-                bound = tables.shape[1] * BLOCK_SIZE
-                fn = lambda q=q, tb=tables, sl=seq_lens, nt=new, o=order, m=bound: pa.paged_decode_attention(
-                    q, pool[0], pool[1], tb, sl, HEAD_DIM**-0.5, max_seq_len=m, new_token=nt, order=o
-                )
-                sec = timer.graph(fn) or timer.eager(fn)
-                nbytes = sum(ctx) * NUM_KV_HEADS * HEAD_DIM * 2 * pool[0].element_size()
-                cells.append(f"{t}:B{len(ctx)} {sec * 1e6:.1f} ({nbytes / sec / 1e12:.2f})")
-                total += sec * stride * LAYERS
-            totals[cfg] = total
-            print(f"{cfg}: W2 total {total * 1e3:.0f} ms | step:batch us (TB/s): {'  '.join(cells)}")
+        for layout in layouts:
+            print(f"# layout {layout}")
+            gen = torch.Generator().manual_seed(0)
+            batches = [
+                (t, ctx, _batch(ctx, rows, layout, pool, dtype, device, gen, eng)) for t, ctx, rows in steps
+            ]
+            _replay(configs, keys, batches, pool, stride, timer, device)
     finally:
         pa.DECODE_CONFIGS.update(saved)
+
+
+def _replay(configs, keys, batches, pool, stride: int, timer: Timer, device) -> None:
+    """Times every config over one layout's steps (DECODE_CONFIGS[keys] set to each in turn)."""
+    from kernels import paged_attention as pa
+
+    totals = {}
+    for cfg in configs:
+        for k in keys:  # the wide steps' tile and the split steps' alike
+            pa.DECODE_CONFIGS[k] = cfg
+        total, cells = 0.0, []
+        for t, ctx, (q, tables, seq_lens, new) in batches:
+            order = pa.longest_first(seq_lens) if pa.wants_order(len(ctx), NUM_KV_HEADS, device) else None
+            bound = tables.shape[1] * BLOCK_SIZE
+            fn = lambda q=q, tb=tables, sl=seq_lens, nt=new, o=order, m=bound: pa.paged_decode_attention(
+                q, pool[0], pool[1], tb, sl, HEAD_DIM**-0.5, max_seq_len=m, new_token=nt, order=o
+            )
+            sec = timer.graph(fn) or timer.eager(fn)
+            nbytes = sum(ctx) * NUM_KV_HEADS * HEAD_DIM * 2 * pool[0].element_size()
+            cells.append(f"{t}:B{len(ctx)} {sec * 1e6:.1f} ({nbytes / sec / 1e12:.2f})")
+            total += sec * stride * LAYERS
+        totals[cfg] = total
+        print(f"{cfg}: W2 total {total * 1e3:.0f} ms | step:batch us (TB/s): {'  '.join(cells)}")
     best = min(totals, key=totals.get)
     print(f"best {best}: {totals[best] * 1e3:.0f} ms (first listed: {totals[configs[0]] * 1e3:.0f} ms)")
 

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from kernels import pdl
 from kernels._jit import arrival_counters, is_interpreting, kernel, next_pow2
+from kernels.rmsnorm import row_rstd
 
 LOG2E = 1.4426950408889634
 
@@ -341,9 +342,7 @@ def _decode_kernel(
         kb = tl.load(k_row + partner, mask=d_mask, other=0.0).to(tl.float32)[None, :]
         rs = 1.0
         if ROW_SCALE:  # the layer's input RMSNorm (its weight folded into the projection), rounded to dt
-            hc = tl.arange(0, BLOCK_H)
-            hv = tl.load(h_ptr + b.to(tl.int64) * stride_hb + hc, mask=hc < hidden, other=0.0).to(tl.float32)
-            rs = 1.0 / tl.sqrt(tl.sum(hv * hv, axis=0) / hidden + eps_h)
+            rs = row_rstd(h_ptr, b, stride_hb, hidden, eps_h, BLOCK_H)
             qa = (qa * rs).to(dt).to(tl.float32)
             qb = (qb * rs).to(dt).to(tl.float32)
             ka = (ka * rs).to(dt).to(tl.float32)

@@ -144,16 +144,19 @@ def longest_first(seq_lens: torch.Tensor) -> torch.Tensor:  # (batch,) int32
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # x: (num_tokens, hidden); computed in float32 like HF
     xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    xf = xf * _rstd(xf, eps)
     return weight * xf.to(x.dtype)
+
+
+def _rstd(xf: torch.Tensor, eps: float) -> torch.Tensor:  # (..., hidden) float32 -> (..., 1)
+    return torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
 
 
 def row_scaled(x: torch.Tensor, h: torch.Tensor, eps: float) -> torch.Tensor:
     """x (num_tokens, ...) times 1 / rms of each row of h (num_tokens, hidden), rounded to x's dtype: the
     output of a projection that read h un-normalized, its RMSNorm's weight folded into it, made
     rms_norm(h) @ W^T (up to rounding)."""
-    hf = h.float()
-    rs = torch.rsqrt(hf.pow(2).mean(-1) + eps)  # (num_tokens,)
+    rs = _rstd(h.float(), eps)  # (num_tokens, 1)
     return (x.float() * rs.view(-1, *([1] * (x.dim() - 1)))).to(x.dtype)
 
 

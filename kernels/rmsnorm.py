@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
 from kernels._jit import kernel, next_pow2
+
+
+@triton.jit
+def row_rstd(h_ptr, row, stride_h, hidden, eps, BLOCK_H: tl.constexpr):
+    """1 / rms of row `row` of h (hidden values, row stride stride_h; BLOCK_H >= hidden), in float32: the
+    scale of an RMSNorm whose weight is folded into the projection after it (reference.row_scaled)."""
+    cols = tl.arange(0, BLOCK_H)
+    h = tl.load(h_ptr + row.to(tl.int64) * stride_h + cols, mask=cols < hidden, other=0.0).to(tl.float32)
+    return 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / hidden + eps)
 
 
 @kernel
