@@ -5,6 +5,7 @@ decode steps have, timed from CUDA graphs, per tile configuration.
     python -m kernels.bench_w2 --stride 100 --configs "128,4,3 64,4,3"
     python -m kernels.bench_w2 --tiny                # a few small steps on the CPU (Triton's interpreter)
     python -m kernels.bench_w2 --layouts "shuffled engine contiguous" --configs 128,4,3
+    python -m kernels.bench_w2 --new-token "fused folded none" --configs 128,4,3
 
 W2 (../shared/reference/benchmarks.md) decodes 256 sequences of 100-1,024 prompt tokens, each for its
 own 100-1,024 tokens: its steps go from batch 256 at ~600 keys to a few sequences at ~2,000. Each sampled
@@ -14,7 +15,10 @@ prints us and TB/s of K/V read; configurations are (BLOCK_N, warps, stages) of D
 (batch x KV heads >= SMs) and, below that, its split key. Layouts place each sequence's cache blocks in
 the pool: `shuffled` (random blocks), `engine` (as a first-free allocator hands them out in W2: each
 prompt's blocks in admission order, then one block at a time as the sequences cross block boundaries
-together) and `contiguous` (each sequence's blocks one run).
+together) and `contiguous` (each sequence's blocks one run). The new token's work before the K/V walk
+(`--new-token`): `fused` (q/k norm, RoPE and the K/V store in the launch), `folded` (the same after the
+row's 1 / rms, as a model with folded norms runs it) or `none` (the cache walked alone: what that work
+costs the launch).
 """
 
 from __future__ import annotations
@@ -68,9 +72,10 @@ def engine_tables(tiny: bool) -> tuple[list[list[int]], int]:
     return tables, nxt
 
 
-def _batch(ctx: list[int], rows: list[int], layout: str, pool, dtype, device, gen: torch.Generator, eng):
-    """q, caches, block tables (`layout`), seq_lens and the new token of one step; rows: the W2
-    sequences still decoding."""
+def _batch(ctx: list[int], rows: list[int], layout: str, pool, dtype, device, gen: torch.Generator, eng,
+           new_token: str = "fused"):  # fmt: skip
+    """q, block tables (`layout`), seq_lens and the new token of one step (NewTokenQK, or None for
+    `none`); rows: the W2 sequences still decoding."""
     k_cache, v_cache = pool
     per_seq = -(-max(ctx) // BLOCK_SIZE)
     if layout == "shuffled":
@@ -82,7 +87,10 @@ def _batch(ctx: list[int], rows: list[int], layout: str, pool, dtype, device, ge
     tables = blocks.view(len(ctx), per_seq).to(device=device, dtype=torch.int32)
     seq_lens = torch.tensor(ctx, dtype=torch.int32, device=device)
     q, new = _new_token(seq_lens, tables, dtype, device)
-    return q, tables, seq_lens, new
+    if new_token == "folded":
+        hidden = _randn(len(ctx), 1024, dtype=dtype, device=device)
+        new = new._replace(row_scale=hidden, row_eps=1e-6)
+    return q, tables, seq_lens, (None if new_token == "none" else new)
 
 
 def replay(
@@ -93,6 +101,7 @@ def replay(
     dtype,
     device,
     tiny: bool,
+    new_tokens: tuple[str, ...] = ("fused",),
 ) -> None:
     from kernels import paged_attention as pa
 
@@ -105,12 +114,14 @@ def replay(
     saved = {k: pa.DECODE_CONFIGS[k] for k in keys}
     try:
         for layout in layouts:
-            print(f"# layout {layout}")
-            gen = torch.Generator().manual_seed(0)
-            batches = [
-                (t, ctx, _batch(ctx, rows, layout, pool, dtype, device, gen, eng)) for t, ctx, rows in steps
-            ]
-            _replay(configs, keys, batches, pool, stride, timer, device)
+            for new_token in new_tokens:
+                print(f"# layout {layout}, new token {new_token}")
+                gen = torch.Generator().manual_seed(0)
+                batches = [
+                    (t, ctx, _batch(ctx, rows, layout, pool, dtype, device, gen, eng, new_token))
+                    for t, ctx, rows in steps
+                ]
+                _replay(configs, keys, batches, pool, stride, timer, device)
     finally:
         pa.DECODE_CONFIGS.update(saved)
 
@@ -159,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         "--layouts", default="shuffled", help="space-separated block layouts: shuffled, engine, contiguous"
     )
     parser.add_argument(
+        "--new-token", default="fused", help="space-separated: fused, folded, none (the new token's work)"
+    )
+    parser.add_argument(
         "--tiny", action="store_true", help="tiny steps on the CPU through Triton's interpreter"
     )
     args = parser.parse_args(argv)
@@ -176,8 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in layouts:
         if name not in ("shuffled", "engine", "contiguous"):
             parser.error(f"--layouts: unknown layout {name!r} (shuffled, engine, contiguous)")
+    new_tokens = tuple(args.new_token.split())
+    for name in new_tokens:
+        if name not in ("fused", "folded", "none"):
+            parser.error(f"--new-token: unknown {name!r} (fused, folded, none)")
     timer = Timer(device, reps, False)
-    replay(configs, layouts, 4 if args.tiny else args.stride, timer, dtype, device, args.tiny)
+    replay(configs, layouts, 4 if args.tiny else args.stride, timer, dtype, device, args.tiny, new_tokens)
     return 0
 
 

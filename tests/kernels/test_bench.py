@@ -83,8 +83,14 @@ def test_w2_replay_help_and_steps(capsys):
 def test_w2_replay_tiny_cpu_run(capsys):
     from kernels import bench_w2
 
-    assert bench_w2.main(["--tiny", "--layouts", "engine contiguous"]) == 0
+    assert bench_w2.main(["--tiny", "--layouts", "engine contiguous", "--new-token", "folded none"]) == 0
     out = capsys.readouterr().out
-    assert "# layout engine" in out and "# layout contiguous" in out
-    assert "(16, 4, 1): W2 total" in out and "0:B2 " in out and "8:B1 " in out
+    heads = [line for line in out.splitlines() if line.startswith("# layout")]
+    assert heads == [
+        f"# layout {lay}, new token {nt}" for lay in ("engine", "contiguous") for nt in ("folded", "none")
+    ]
+    assert out.count("(16, 4, 1): W2 total") == 4 and "0:B2 " in out and "8:B1 " in out
     assert out.splitlines()[-1].startswith("best (16, 4, 1):")
+    with pytest.raises(SystemExit):
+        bench_w2.main(["--tiny", "--new-token", "unfused"])
+    assert "--new-token: unknown 'unfused'" in capsys.readouterr().err
