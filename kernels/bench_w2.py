@@ -6,6 +6,7 @@ decode steps have, timed from CUDA graphs, per tile configuration.
     python -m kernels.bench_w2 --tiny                # a few small steps on the CPU (Triton's interpreter)
     python -m kernels.bench_w2 --layouts "shuffled engine contiguous" --configs 128,4,3
     python -m kernels.bench_w2 --new-token "fused folded none" --configs 128,4,3
+    python -m kernels.bench_w2 --set kernels.paged_attention.DECODE_ONE_LOOP=False --configs 128,4,3
 
 W2 (../shared/reference/benchmarks.md) decodes 256 sequences of 100-1,024 prompt tokens, each for its
 own 100-1,024 tokens: its steps go from batch 256 at ~600 keys to a few sequences at ~2,000. Each sampled
@@ -173,9 +174,20 @@ def main(argv: list[str] | None = None) -> int:
         "--new-token", default="fused", help="space-separated: fused, folded, none (the new token's work)"
     )
     parser.add_argument(
+        "--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
+        help="flip a module-level switch for this run (as chatloom bench --set; repeatable)",
+    )  # fmt: skip
+    parser.add_argument(
         "--tiny", action="store_true", help="tiny steps on the CPU through Triton's interpreter"
     )
     args = parser.parse_args(argv)
+    from engine import bench_switches
+
+    try:
+        for name, value in bench_switches.apply(args.set).items():
+            print(f"# set {name} = {value!r}")
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.tiny:
         device, dtype, reps = torch.device("cpu"), torch.float32, 1
     elif torch.cuda.is_available():

@@ -94,3 +94,6 @@ def test_w2_replay_tiny_cpu_run(capsys):
     with pytest.raises(SystemExit):
         bench_w2.main(["--tiny", "--new-token", "unfused"])
     assert "--new-token: unknown 'unfused'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a switch that does not exist stops it before anything runs
+        bench_w2.main(["--tiny", "--set", "kernels.paged_attention.NO_SUCH=1"])
+    assert "kernels.paged_attention has no NO_SUCH" in capsys.readouterr().err
