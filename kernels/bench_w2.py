@@ -28,7 +28,7 @@ import argparse
 
 import torch
 
-from kernels.bench import BLOCK_SIZE, HEAD_DIM, NUM_KV_HEADS, Timer, _new_token, _randn
+from kernels.bench import BLOCK_SIZE, HEAD_DIM, HIDDEN, NUM_KV_HEADS, Timer, _new_token, _randn
 
 LAYERS = 28
 WIDE_CONFIGS = [(128, 4, 3), (64, 4, 3), (64, 4, 4), (128, 4, 2), (64, 8, 3), (32, 4, 4), (128, 8, 3)]
@@ -89,14 +89,14 @@ def _batch(ctx: list[int], rows: list[int], layout: str, pool, dtype, device, ge
     seq_lens = torch.tensor(ctx, dtype=torch.int32, device=device)
     q, new = _new_token(seq_lens, tables, dtype, device)
     if new_token == "folded":
-        hidden = _randn(len(ctx), 1024, dtype=dtype, device=device)
+        hidden = _randn(len(ctx), HIDDEN, dtype=dtype, device=device)
         new = new._replace(row_scale=hidden, row_eps=1e-6)
     return q, tables, seq_lens, (None if new_token == "none" else new)
 
 
 def replay(
     configs: list[tuple[int, int, int]],
-    layouts: list[str],
+    layouts: tuple[str, ...],
     stride: int,
     timer: Timer,
     dtype,
@@ -160,6 +160,17 @@ def _config(text: str) -> tuple[int, int, int]:
     return block_n, warps, stages
 
 
+def _names(
+    parser: argparse.ArgumentParser, flag: str, text: str, allowed: tuple[str, ...]
+) -> tuple[str, ...]:
+    """The space-separated names of a list option, each one of `allowed` (else the parser's error)."""
+    names = tuple(text.split())
+    for name in names:
+        if name not in allowed:
+            parser.error(f"{flag}: unknown {name!r} ({', '.join(allowed)})")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.bench_w2", description=__doc__.split("\n\n")[0])
     parser.add_argument("--stride", type=int, default=50, help="time every STRIDE-th decode step of W2")
@@ -198,14 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiny and not args.configs:
         configs = [(16, 4, 1)]
     torch.manual_seed(0)
-    layouts = args.layouts.split()
-    for name in layouts:
-        if name not in ("shuffled", "engine", "contiguous"):
-            parser.error(f"--layouts: unknown layout {name!r} (shuffled, engine, contiguous)")
-    new_tokens = tuple(args.new_token.split())
-    for name in new_tokens:
-        if name not in ("fused", "folded", "none"):
-            parser.error(f"--new-token: unknown {name!r} (fused, folded, none)")
+    layouts = _names(parser, "--layouts", args.layouts, ("shuffled", "engine", "contiguous"))
+    new_tokens = _names(parser, "--new-token", args.new_token, ("fused", "folded", "none"))
     timer = Timer(device, reps, False)
     replay(configs, layouts, 4 if args.tiny else args.stride, timer, dtype, device, args.tiny, new_tokens)
     return 0

@@ -245,9 +245,8 @@ def silu_and_mul(x: torch.Tensor, row_scale: tuple[torch.Tensor, float] | None =
         return ref.silu_and_mul(x)
     from kernels.activation import silu_and_mul as triton_silu_and_mul
 
-    if row_scale is not None:
-        return triton_silu_and_mul(x, row_scale=(row_scale[0].contiguous(), row_scale[1]))
-    out = triton_silu_and_mul(x.reshape(-1, x.shape[-1]))
+    scale = (row_scale[0].contiguous(), row_scale[1]) if row_scale is not None else None
+    out = triton_silu_and_mul(x.reshape(-1, x.shape[-1]), row_scale=scale)
     return out.view(*x.shape[:-1], x.shape[-1] // 2)
 
 

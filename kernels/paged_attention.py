@@ -234,6 +234,15 @@ def _prefill_kernel(
         tl.store(part_lse_ptr + row, lse, mask=m_mask)
 
 
+@triton.jit
+def _new_v(v_new_ptr, b, stride_vb, kvh, d, d_mask, rs, HEAD_DIM: tl.constexpr, ROW_SCALE: tl.constexpr):
+    """The new token's v (BLOCK_D,) of KV head kvh; ROW_SCALE: times rs, rounded to its dtype."""
+    v = tl.load(v_new_ptr + b.to(tl.int64) * stride_vb + kvh * HEAD_DIM + d, mask=d_mask)
+    if ROW_SCALE:
+        v = (v.to(tl.float32) * rs).to(v_new_ptr.dtype.element_ty)
+    return v
+
+
 @kernel
 def _decode_kernel(
     q_ptr,  # (batch, num_heads, head_dim), last dim contiguous
@@ -366,10 +375,7 @@ def _decode_kernel(
         ct = k_cache_ptr.dtype.element_ty
         if PEEL:
             k_new = tl.sum((ka * cos + sign * kb * sin).to(dt), axis=0).to(ct)  # (BLOCK_D,)
-            v_new = tl.load(v_new_ptr + b.to(tl.int64) * stride_vb + kvh * HEAD_DIM + d, mask=d_mask)
-            if ROW_SCALE:
-                v_new = (v_new.to(tl.float32) * rs).to(dt)
-            v_new = v_new.to(ct)
+            v_new = _new_v(v_new_ptr, b, stride_vb, kvh, d, d_mask, rs, HEAD_DIM, ROW_SCALE).to(ct)
             if owner:
                 dst = slot * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d
                 tl.store(k_cache_ptr + dst, k_new, mask=d_mask)
@@ -381,9 +387,7 @@ def _decode_kernel(
         else:
             if owner:
                 k_new = tl.sum((ka * cos + sign * kb * sin).to(dt), axis=0)  # (BLOCK_D,)
-                v_new = tl.load(v_new_ptr + b.to(tl.int64) * stride_vb + kvh * HEAD_DIM + d, mask=d_mask)
-                if ROW_SCALE:
-                    v_new = (v_new.to(tl.float32) * rs).to(dt)
+                v_new = _new_v(v_new_ptr, b, stride_vb, kvh, d, d_mask, rs, HEAD_DIM, ROW_SCALE)
                 dst = slot * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d
                 tl.store(k_cache_ptr + dst, k_new.to(ct), mask=d_mask)
                 tl.store(v_cache_ptr + dst, v_new.to(ct), mask=d_mask)

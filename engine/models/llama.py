@@ -179,12 +179,11 @@ class LlamaForCausalLM(nn.Module):
         """The final hidden states; without final_norm (x, residual) before the last norm, for a
         consumer that applies it itself (kernels.lm_head_sample)."""
         x, residual = self.layers[0].qkv(input_ids, self.embed_tokens.weight)
-        tails = self._tails()
         # decode-only steps of a folded model: tails without norm launches (ops.folded_tail_fits)
         fold = self.norms_folded and meta.prefill_block_tables is None
-        folds = [fold and ops.folded_tail_fits(x.shape[0], tail) for tail in tails]
-        raw = False
-        for layer, kv, tail, f in zip(self.layers, kv_caches, tails, folds, strict=True):
+        raw = False  # the previous tail was folded: this layer's qkv is of the un-normalized residual
+        for layer, kv, tail in zip(self.layers, kv_caches, self._tails(), strict=True):
+            f = fold and ops.folded_tail_fits(x.shape[0], tail)
             x, residual = layer(x, residual, positions, self.cos_sin, kv, meta, tail, raw_in=raw, fold=f)
             raw = f
         if not final_norm:
