@@ -23,13 +23,11 @@ def padded_size(sizes: list[int], n: int) -> int | None:
 
 @torch.inference_mode()
 def capture_ladder(
-    sizes: list[int], forward, desc: str, prepare=None, stream=None
+    sizes: list[int], forward, desc: str, prepare=None
 ) -> dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]]:
     """size -> (graph, its output): forward(size) captured once per size, largest first, all graphs
     in one memory pool (they are replayed one at a time on one stream). prepare(size) sets the
-    static inputs a capture needs before it runs. stream: the capture stream (default: torch's);
-    graphs meant to replay at the same time as others are captured on a stream of their own, since
-    cuBLAS keys its workspace by stream (engine.bench_overlap)."""
+    static inputs a capture needs before it runs."""
     from tqdm import tqdm
 
     graphs, pool = {}, None
@@ -39,7 +37,7 @@ def capture_ladder(
         forward(n)  # compiles kernels and settles allocations outside the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, stream=stream):
+        with torch.cuda.graph(graph, pool=pool):
             out = forward(n)
         pool = graph.pool()
         graphs[n] = (graph, out)
@@ -115,7 +113,7 @@ class DecodeGraphs(_TokenGraphs):
     sample_seed: also capture step graphs (forward, then sampling into `tokens` with the temperatures
     in `temps` and the device seed, which each replay advances) for the sizes up to
     STEP_GRAPH_MAX_SIZE; at batch 1 the final norm, the lm_head and the draw are one launch
-    (kernels.lm_head_sample). capture_stream: see capture_ladder."""
+    (kernels.lm_head_sample)."""
 
     def __init__(
         self,
@@ -126,7 +124,6 @@ class DecodeGraphs(_TokenGraphs):
         device: torch.device,
         sample_seed: int | None = None,
         max_rows: int = 0,
-        capture_stream=None,
     ) -> None:
         n = max(sizes)
         super().__init__(model, kv_caches, sizes, device, extra=4 + 2 * n)  # control, in-flight pairs
@@ -140,9 +137,7 @@ class DecodeGraphs(_TokenGraphs):
         self.temps = torch.zeros(n, dtype=torch.float32, device=device)
         self.seed = torch.tensor([(sample_seed or 0) & 0x7FFFFFFF], dtype=torch.int64, device=device)
         self._temps_src: torch.Tensor | None = None
-        self.graphs = capture_ladder(
-            self.sizes, self._forward, "capturing CUDA graphs", stream=capture_stream
-        )
+        self.graphs = capture_ladder(self.sizes, self._forward, "capturing CUDA graphs")
         self.step_graphs = {}
         samples = sample_seed is not None
         self.step_sizes = [s for s in self.sizes if s <= STEP_GRAPH_MAX_SIZE and samples]
@@ -156,9 +151,7 @@ class DecodeGraphs(_TokenGraphs):
             # recorded after the last replay that read each input row (a never recorded event is done)
             self.slot_events = [torch.cuda.Event() for _ in range(MAPPED_SLOTS)] if pinned else None
         if self.step_sizes:
-            self.step_graphs = capture_ladder(
-                self.step_sizes, self._step, "capturing sampling graphs", stream=capture_stream
-            )
+            self.step_graphs = capture_ladder(self.step_sizes, self._step, "capturing sampling graphs")
         if self.host_ring is not None:
             self.published.zero_()  # the captures' own runs counted: host and device start again
         self.step_replays = 0

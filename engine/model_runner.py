@@ -21,7 +21,7 @@ log = logging.getLogger("chatloom.engine")
 _NONE = np.zeros(0, dtype=np.int64)
 
 
-class Decodes(NamedTuple):
+class _Decodes(NamedTuple):
     """A decode-only step's columns, what a graph step is written from."""
 
     ids: np.ndarray  # (nd,) int64: the decodes' tokens (PENDING where still on the device)
@@ -30,21 +30,6 @@ class Decodes(NamedTuple):
     pend_at: np.ndarray  # (k,) batch positions of the tokens in flight
     pend_rows: np.ndarray  # (k,) their rows in the previous step's sampled ids
     tables: np.ndarray  # (nd, width) int32
-
-
-def graph_step_arrays(n: int, d: Decodes) -> tuple[np.ndarray, np.ndarray]:
-    """A decode step's static inputs for DecodeGraphs whose largest size is n (cuda_graphs.DecodeGraphs):
-    int64 [ids | positions | slots (n each; the padding rows' slots -1) | k, rows, width, 0 | the k
-    in-flight positions | their rows], int32 [lengths (n; padding rows 0) | the rows' block tables]."""
-    ids, pos, slots, pend_at, pend_rows, tables = d
-    nd = ids.size
-    head = np.zeros(3 * n + 4, dtype=np.int64)
-    head[:nd], head[n : n + nd], head[2 * n : 3 * n] = ids, pos, -1
-    head[2 * n : 2 * n + nd] = slots
-    head[3 * n : 3 * n + 3] = (pend_at.size, nd, tables.shape[1])
-    lens = np.zeros(n, dtype=np.int32)
-    lens[:nd] = pos + 1
-    return np.concatenate([head, pend_at, pend_rows]), np.concatenate([lens, tables.reshape(-1)])
 
 
 class ModelRunner:
@@ -154,7 +139,7 @@ class ModelRunner:
         pend_rows = np.array([dec[i].pending_row for i in pend_at.tolist()], dtype=np.int64)
         if self._decode_graph_takes(len(seqs), bool(pre)):
             tables = table[rows, : int(num_blocks.max())]  # (nd, width)
-            dec_cols = Decodes(d_ids, d_pos, d_slots, pend_at, pend_rows, tables)
+            dec_cols = _Decodes(d_ids, d_pos, d_slots, pend_at, pend_rows, tables)
             if mapped:
                 return self._prepare_mapped_step(dec_cols, pending)
             return self._prepare_graph_step(dec_cols, pending, defer_pending)
@@ -261,24 +246,30 @@ class ModelRunner:
         )
 
     def _prepare_graph_step(
-        self, d: Decodes, pending: torch.Tensor | None, defer_pending: bool
+        self, d: _Decodes, pending: torch.Tensor | None, defer_pending: bool
     ) -> StepInputs:
         """A decode-only step that a captured graph runs: its inputs go straight into the graph's static
         buffers (cuda_graphs.DecodeGraphs), one copy per dtype, the padding rows up to the largest size
         with slot -1 and length 0. The graph's first launch copies the block-table rows into its table
         and the tokens in flight from the graph's `tokens` into the ids (the previous draw put there by
         _take_pending, or by `run` with defer_pending)."""
-        g, n, nd = self.graphs, self.graphs.sizes[-1], d.ids.size
-        a64, a32 = graph_step_arrays(n, d)
+        g, (ids, pos, slots, pend_at, pend_rows, tables) = self.graphs, d
+        n, nd = g.sizes[-1], ids.size
+        head = np.zeros(3 * n + 4, dtype=np.int64)  # ids | positions | slots | k, rows, width, 0
+        head[:nd], head[n : n + nd], head[2 * n : 3 * n] = ids, pos, -1
+        head[2 * n : 2 * n + nd] = slots
+        head[3 * n : 3 * n + 3] = (pend_at.size, nd, tables.shape[1])
+        lens = np.zeros(n, dtype=np.int32)
+        lens[:nd] = pos + 1
         up = _Upload()
-        up.add(a64, torch.int64)
-        h32 = up.add(a32, torch.int32)
+        up.add(np.concatenate([head, pend_at, pend_rows]), torch.int64)
+        h32 = up.add(np.concatenate([lens, tables.reshape(-1)]), torch.int32)
         t = up.upload(self._staging, into={torch.int64: g.inputs64, torch.int32: g.inputs32})
-        if d.pend_at.size and not defer_pending:
+        if pend_at.size and not defer_pending:
             self._take_pending(pending)
-        return self._graph_step(d.pos, t[h32][n:].view(nd, -1))
+        return self._graph_step(pos, t[h32][n:].view(nd, -1))
 
-    def _prepare_mapped_step(self, d: Decodes, pending: torch.Tensor | None) -> StepInputs:
+    def _prepare_mapped_step(self, d: _Decodes, pending: torch.Tensor | None) -> StepInputs:
         """A decode step that a step graph reading pinned memory runs: written straight into the graph's
         next input row (DecodeGraphs.mapped_inputs), which its first launch moves into the static inputs;
         an id in flight is marked with its row in the previous draw, read from the graph's `tokens`. No

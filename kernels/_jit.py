@@ -158,12 +158,6 @@ def next_pow2(n: int) -> int:
 _COUNTERS: dict[tuple[str, str, int | None], torch.Tensor] = {}
 
 
-def fresh_arrival_counters() -> None:
-    """Launches from now on get new counter buffers (graphs captured before keep theirs): graphs that
-    replay at the same time on different streams must not count in one buffer."""
-    _COUNTERS.clear()
-
-
 def arrival_counters(owner: str, size: int, device: torch.device) -> torch.Tensor:
     """(size,) int32 zeros for a kernel whose programs count their arrivals so that the last one to
     arrive reduces the others' partials: one buffer per (owner, device), allocated once (CUDA graphs

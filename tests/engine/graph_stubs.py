@@ -42,7 +42,7 @@ class Model:
 def stub_graphs(monkeypatch) -> list[str]:
     """Replaces capture and replay with Graph; returns the (emptied) list of replayed graph names."""
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
-    monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None, stream=None: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     Graph.made, Graph.replays = 0, []
     return Graph.replays
