@@ -537,9 +537,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep-gemv", default="",
                         help="instead: sweep kernels.gemv configs vs cuBLAS at these M (comma list), "
                         "and time the fused sampling")  # fmt: skip
-    parser.add_argument("--sweep-sampling", action="store_true",
-                        help="instead: time the fused sampler's two draws (exponential race, inverse "
-                        "CDF) against torch's at batch 1 to 256")  # fmt: skip
     parser.add_argument("--sweep-lm-head", action="store_true",
                         help="instead: time the lm_head + sampling at M = 1, 2, 4 (F.linear then "
                         "sample_tokens) against kernels.lm_head_sample's one launch over block "
@@ -578,11 +575,6 @@ def main(argv: list[str] | None = None) -> int:
         if device.type != "cuda":
             parser.error("--sweep-tail needs a CUDA device")
         sweep_tail(DTYPES[args.dtype], device)
-        return 0
-    if args.sweep_sampling:
-        if device.type != "cuda":
-            parser.error("--sweep-sampling needs a CUDA device")
-        sweep_sampling(device)
         return 0
     if args.sweep_lm_head:
         sweep_lm_head(DTYPES[args.dtype], device, timer, args.tiny)
@@ -847,27 +839,17 @@ def _sweep_norm_gemv(name: str, m: int, k: int, ws: list, dtype, device, reps: i
 
 
 def sweep_sampling(device, reps: int = 20) -> None:
-    """Fused sampling (kernels.sampling: the exponential race and the inverse CDF) vs the engine's torch
-    path (softmax, exponential_, divide, argmax; default generator: a private one cannot be captured),
-    graph replay, float32 Qwen-vocab logits."""
-    from kernels import sampling
+    """Fused sampling (kernels.sampling) vs the engine's torch path (softmax, exponential_, divide,
+    argmax; default generator: a private one cannot be captured), graph replay, float32 Qwen-vocab logits."""
+    from kernels.sampling import sample_tokens
 
-    warps = sampling.CDF_WARPS
-    for dtype in (torch.float32, torch.bfloat16):
-        for b in (1, 8, 32, 128, 256):
-            logits = (torch.randn(b, VOCAB, device=device) * 4).to(dtype)
-            temps = torch.full((b,), 0.6, device=device)
-            draw = lambda i, lg=logits, t=temps, c=True: sampling.sample_tokens(lg, t, 1234 + i, cdf=c)
-            t_race = _streamed(lambda i, d=draw: d(i, c=False), 8, reps)
-            cdf = {}
-            for sampling.CDF_WARPS in (4, 8):
-                cdf[sampling.CDF_WARPS] = _streamed(draw, 8, reps)
-            sampling.CDF_WARPS = warps
-            t_torch = _streamed(lambda i, lg=logits, t=temps: ref.sample_tokens(lg, t), 8, reps)
-            gbs = b * VOCAB * logits.element_size() / cdf[warps] / 1e9
-            print(f"sample {str(dtype)[6:]:<8} B={b:<4} race {t_race * 1e6:7.2f} us  inverse CDF (4 / 8 "
-                  f"warps) {cdf[4] * 1e6:7.2f} / {cdf[8] * 1e6:7.2f} us  torch {t_torch * 1e6:7.2f} us  "
-                  f"(CDF {gbs:.0f} GB/s)")  # fmt: skip
+    for b in (1, 32, 256):
+        logits = torch.randn(b, VOCAB, device=device) * 4
+        temps = torch.full((b,), 0.6, device=device)
+        t_fused = _streamed(lambda i, lg=logits, t=temps: sample_tokens(lg, t, 1234 + i), 8, reps)
+        t_torch = _streamed(lambda i, lg=logits, t=temps: ref.sample_tokens(lg, t), 8, reps)
+        print(f"sample B={b:<4} fused {t_fused * 1e6:7.2f} us  torch {t_torch * 1e6:7.2f} us  "
+              f"({b * VOCAB * 4 / t_fused / 1e9:.0f} GB/s)")  # fmt: skip
 
 
 def _lm_head_configs(m: int, sms: int, tiny: bool) -> list[dict]:
@@ -931,7 +913,7 @@ def sweep_lm_head(dtype, device, timer: Timer, tiny: bool, reps: int = 10) -> No
 
 def _gemv_sample_cases(dtype, device, tiny: bool, only: set[str]) -> list[Case]:
     from kernels.gemv import gemv
-    from kernels.sampling import CDF_MIN_BATCH, sample_tokens
+    from kernels.sampling import sample_tokens
 
     elt = torch.tensor([], dtype=dtype).element_size()
     cases: list[Case] = []
@@ -952,8 +934,7 @@ def _gemv_sample_cases(dtype, device, tiny: bool, only: set[str]) -> list[Case]:
             temps = torch.full((b,), 0.6, device=device)
             greedy = torch.zeros(b, device=device)
             cases.append(Case(
-                "sample", f"{b}x{vocab} T=0.6 ({'inverse CDF' if b >= CDF_MIN_BATCH else 'race'})",
-                lambda lg=logits, t=temps: sample_tokens(lg, t, 7),
+                "sample", f"{b}x{vocab} T=0.6", lambda lg=logits, t=temps: sample_tokens(lg, t, 7),
                 lambda lg=logits, t=temps: ref.sample_tokens(lg, t), logits.numel() * logits.element_size(),
                 check=lambda lg=logits, g=greedy: float(
                     not torch.equal(sample_tokens(lg, g, 7), lg.argmax(dim=-1))

@@ -14,15 +14,6 @@ and the logits are never rewritten.
 One launch: programs of (row, chunk of the vocabulary) write their best (score, index), and the
 row's program that arrives last (an arrival counter per row, left zeroed) picks the row's best over
 its chunks (ties to the lowest index). Batches past the counters take a second launch for that.
-
-Wide batches (CDF_MIN_BATCH rows or more) draw by inverting the distribution's CDF instead, the same
-law at a fraction of the race's arithmetic (one exp2 a token and no Philox draw per token, where the
-race's Philox and logarithms dominate at a wide batch): each chunk's program writes the chunk's max
-m_c of z = logits * log2(e) / T and s_c = sum 2^(z - m_c); the row's last program draws a chunk with
-probability s_c 2^(m_c - max) / sum (one uniform), then re-reads that chunk's logits (from L2) and draws
-a token with probability 2^(z_i - m_c) / s_c (a second uniform): 2^(z_i - max) / sum in all. Greedy rows
-keep the argmax. The race stays below CDF_MIN_BATCH, where it costs little and where
-kernels.lm_head_sample's batch-1 draw must equal this module's.
 """
 
 from __future__ import annotations
@@ -40,9 +31,8 @@ from kernels._jit import arrival_counters, is_interpreting, kernel, next_pow2
 def _sample_chunk_kernel(
     logits_ptr,  # (batch, vocab), row stride stride_l
     temp_ptr,  # (batch,) float32; 0 = greedy
-    best_val_ptr,  # (batch, num_chunks) float32; CDF: a sampled row's chunk max of z
+    best_val_ptr,  # (batch, num_chunks) float32
     best_idx_ptr,  # (batch, num_chunks) int32
-    sum_ptr,  # CDF: (batch, num_chunks) float32, a sampled row's chunk sum of 2^(z - max)
     vocab,
     stride_l,
     num_chunks,
@@ -59,43 +49,38 @@ def _sample_chunk_kernel(
     FUSED_REDUCE: tl.constexpr,
     BLOCK_C: tl.constexpr,  # >= num_chunks
     FAST_LOG: tl.constexpr,  # the approximate hardware log2 (compiled kernels; _log2)
-    CDF: tl.constexpr,  # sampled rows drawn by the inverse CDF (the module's docstring)
 ):
     row = tl.program_id(0)
     c = tl.program_id(1)
-    m_row, m_base = _mask_row(mask_ptr, mask_row_ptr, stride_m, row, HAS_MASK)
-    key = _key(seed, SEED_PTR)
+    if HAS_MASK:
+        m_row = tl.load(mask_row_ptr + row).to(tl.int64)
+        m_base = mask_ptr + tl.maximum(m_row, 0) * stride_m
+    if SEED_PTR:
+        key = tl.load(seed).to(tl.int32)
+    else:
+        key = seed
     t = tl.load(temp_ptr + row)
     sampled = t > 0.0
     inv_t = _inv_temperature(t, sampled)
     best_val = tl.full((BLOCK,), float("-inf"), dtype=tl.float32)
     best_idx = tl.zeros((BLOCK,), dtype=tl.int32)
-    m_z = float("-inf")  # CDF: the chunk's running max of z and sum of 2^(z - m_z)
-    s_z = 0.0
     start = c * chunk
     base = logits_ptr + row.to(tl.int64) * stride_l
     for off in range(start, start + chunk, BLOCK):
         cols = off + tl.arange(0, BLOCK)
-        lg = _masked_logits(base, cols, vocab, m_base, m_row, HAS_MASK)
-        if CDF:
-            score = lg
-            z = lg * inv_t
-            m_new = tl.maximum(m_z, tl.max(z, axis=0))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing allowed yet: no inf - inf
-            s_z = s_z * tl.exp2(m_z - m_safe) + tl.sum(tl.exp2(z - m_safe), axis=0)
-            m_z = m_new
-        else:
-            u = _uniforms(key, row * ((vocab + 3) // 4) + off // 4, BLOCK)  # U[0, 1), one per column
-            score = tl.where(sampled, _race_scores(lg, inv_t, u, FAST_LOG), lg)
+        mask = cols < vocab
+        lg = tl.load(base + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        if HAS_MASK:
+            words = tl.load(m_base + cols // 32, mask=mask, other=-1)  # a row of -1 reads table row 0
+            lg = tl.where((((words >> (cols % 32)) & 1) != 0) | (m_row < 0), lg, float("-inf"))
+        u = _uniforms(key, row * ((vocab + 3) // 4) + off // 4, BLOCK)  # U[0, 1), one per column
+        score = tl.where(sampled, _race_scores(lg, inv_t, u, FAST_LOG), lg)
         better = score > best_val  # strict: a lane keeps its earliest (lowest) index on ties
         best_val = tl.where(better, score, best_val)
         best_idx = tl.where(better, cols, best_idx)
     top = tl.max(best_val, axis=0)
     idx = tl.min(tl.where(best_val == top, best_idx, 2147483647), axis=0)
     idx = tl.where(top == float("-inf"), start, idx)  # all -inf: the chunk's first index, as argmax
-    if CDF:
-        top = tl.where(sampled, m_z, top)
-        tl.store(sum_ptr + row * num_chunks + c, s_z)
     tl.store(best_val_ptr + row * num_chunks + c, top)
     tl.store(best_idx_ptr + row * num_chunks + c, idx)
     if FUSED_REDUCE:
@@ -104,101 +89,7 @@ def _sample_chunk_kernel(
         arrived = tl.atomic_add(counter_ptr + row, 1, sem="acq_rel", scope="gpu")
         if arrived == num_chunks - 1:
             tl.store(counter_ptr + row, 0)  # zeroed for the next launch
-            _finish_row(base, vocab, chunk, m_base, m_row, best_val_ptr, best_idx_ptr, sum_ptr, out_ptr, row,
-                        num_chunks, sampled, inv_t, key, HAS_MASK, CDF, BLOCK, BLOCK_C)  # fmt: skip
-
-
-@triton.jit
-def _finish_row(base, vocab, chunk, m_base, m_row, val_ptr, idx_ptr, sum_ptr, out_ptr, row, num_chunks,
-                sampled, inv_t, key, HAS_MASK: tl.constexpr, CDF: tl.constexpr, BLOCK: tl.constexpr,
-                BLOCK_C: tl.constexpr):  # fmt: skip
-    """The row's token from its chunks' partials (both reductions): CDF rows that sample by _pick_cdf,
-    the others the best score."""
-    if CDF:
-        if sampled:
-            _pick_cdf(base, vocab, chunk, m_base, m_row, val_ptr, sum_ptr, out_ptr, row, num_chunks, inv_t,
-                      key, HAS_MASK, BLOCK, BLOCK_C)  # fmt: skip
-        else:
-            _pick_row(val_ptr, idx_ptr, out_ptr, row, num_chunks, BLOCK_C)
-    else:
-        _pick_row(val_ptr, idx_ptr, out_ptr, row, num_chunks, BLOCK_C)
-
-
-@triton.jit
-def _key(seed, SEED_PTR: tl.constexpr):
-    """The Philox key: the seed, or the value it points at (SEED_PTR)."""
-    if SEED_PTR:
-        key = tl.load(seed).to(tl.int32)
-    else:
-        key = seed
-    return key
-
-
-@triton.jit
-def _mask_row(mask_ptr, mask_row_ptr, stride_m, row, HAS_MASK: tl.constexpr):
-    """(the row's index in the mask table, -1 = none; a pointer to that table row)."""
-    m_row = 0
-    m_base = mask_ptr
-    if HAS_MASK:
-        m_row = tl.load(mask_row_ptr + row).to(tl.int64)
-        m_base = mask_ptr + tl.maximum(m_row, 0) * stride_m
-    return m_row, m_base
-
-
-@triton.jit
-def _masked_logits(base, cols, vocab, m_base, m_row, HAS_MASK: tl.constexpr):
-    """(BLOCK,) float32 logits of a row at cols, -inf past the vocabulary and where the row's grammar
-    bitmask bans the token."""
-    inside = cols < vocab
-    lg = tl.load(base + cols, mask=inside, other=float("-inf")).to(tl.float32)
-    if HAS_MASK:
-        words = tl.load(m_base + cols // 32, mask=inside, other=-1)  # a row of -1 reads table row 0
-        lg = tl.where((((words >> (cols % 32)) & 1) != 0) | (m_row < 0), lg, float("-inf"))
-    return lg
-
-
-@triton.jit
-def _pick_cdf(base, vocab, chunk, m_base, m_row, val_ptr, sum_ptr, out_ptr, row, num_chunks, inv_t, key,
-              HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
-    """A sampled row's token by its inverse CDF: a chunk with probability s_c 2^(m_c - max) / sum, then a
-    token of that chunk with probability 2^(z_i - m_c) / s_c (its logits read again). Rounding that puts
-    a target past the last sum picks the last token of non-zero weight; a row with none, token 0."""
-    offs = tl.arange(0, BLOCK_C)
-    at = row * num_chunks + offs
-    inside = offs < num_chunks
-    m_c = tl.load(val_ptr + at, mask=inside, other=float("-inf"), cache_modifier=".cg")
-    s_c = tl.load(sum_ptr + at, mask=inside, other=0.0, cache_modifier=".cg")
-    top = tl.max(m_c, axis=0)
-    w = tl.where(m_c > float("-inf"), s_c * tl.exp2(m_c - tl.where(top == float("-inf"), 0.0, top)), 0.0)
-    r0, r1, _, _ = tl.randint4x(key, row)
-    u_chunk = tl.uint_to_uniform_float(r0)
-    u_token = tl.uint_to_uniform_float(r1)
-    pick = _inverse(tl.cumsum(w, axis=0), w, offs, u_chunk * tl.sum(w, axis=0), BLOCK_C)
-    pick = tl.where(pick >= 0, pick, tl.maximum(tl.max(tl.where(w > 0.0, offs, -1), axis=0), 0))
-    m_pick = tl.max(tl.where(offs == pick, m_c, float("-inf")), axis=0)
-    m_pick = tl.where(m_pick == float("-inf"), 0.0, m_pick)
-    target = u_token * tl.sum(tl.where(offs == pick, s_c, 0.0), axis=0)
-    found = -1
-    last = -1
-    carry = 0.0
-    for off in range(pick * chunk, pick * chunk + chunk, BLOCK):
-        cols = off + tl.arange(0, BLOCK)
-        lg = _masked_logits(base, cols, vocab, m_base, m_row, HAS_MASK)
-        e = tl.where(lg > float("-inf"), tl.exp2(lg * inv_t - m_pick), 0.0)
-        hit = _inverse(tl.cumsum(e, axis=0) + carry, e, cols, target, BLOCK)
-        found = tl.where(found < 0, hit, found)
-        last = tl.maximum(last, tl.max(tl.where(e > 0.0, cols, -1), axis=0))
-        carry += tl.sum(e, axis=0)
-    token = tl.where(found >= 0, found, tl.maximum(last, 0))
-    tl.store(out_ptr + row, token.to(tl.int64))
-
-
-@triton.jit
-def _inverse(cum, w, idx, target, BLOCK: tl.constexpr):
-    """The first idx whose cumulative weight cum passes target (its own weight w > 0), else -1."""
-    hit = (cum > target) & (w > 0.0)
-    first = tl.min(tl.where(hit, idx, 2147483647), axis=0)
-    return tl.where(first == 2147483647, -1, first)
+            _pick_row(best_val_ptr, best_idx_ptr, out_ptr, row, num_chunks, BLOCK_C)
 
 
 @triton.jit
@@ -263,38 +154,15 @@ def _uniforms(key, first, BLOCK: tl.constexpr):
     return tl.uint_to_uniform_float(tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (BLOCK,)))
 
 
-@kernel(do_not_specialize=["seed"])
+@kernel
 def _sample_reduce_kernel(
-    logits_ptr,  # CDF: (batch, vocab), row stride stride_l
-    temp_ptr,  # (batch,) float32; 0 = greedy
     best_val_ptr,  # (batch, num_chunks) float32
     best_idx_ptr,  # (batch, num_chunks) int32
-    sum_ptr,  # CDF: (batch, num_chunks) float32
     out_ptr,  # (batch,) int64
-    vocab,
-    stride_l,
     num_chunks,
-    chunk,
-    seed,
-    mask_ptr,
-    mask_row_ptr,
-    stride_m,
-    BLOCK: tl.constexpr,
-    BLOCK_C: tl.constexpr,  # >= num_chunks
-    HAS_MASK: tl.constexpr,
-    SEED_PTR: tl.constexpr,
-    CDF: tl.constexpr,
+    BLOCK: tl.constexpr,  # >= num_chunks
 ):
-    """The second launch of batches past the arrival counters: each row's token from its chunks."""
-    row = tl.program_id(0)
-    key = _key(seed, SEED_PTR)
-    t = tl.load(temp_ptr + row)
-    sampled = t > 0.0
-    m_row, m_base = _mask_row(mask_ptr, mask_row_ptr, stride_m, row, HAS_MASK)
-    base = logits_ptr + row.to(tl.int64) * stride_l
-    inv_t = _inv_temperature(t, sampled)
-    _finish_row(base, vocab, chunk, m_base, m_row, best_val_ptr, best_idx_ptr, sum_ptr, out_ptr, row,
-                num_chunks, sampled, inv_t, key, HAS_MASK, CDF, BLOCK, BLOCK_C)  # fmt: skip
+    _pick_row(best_val_ptr, best_idx_ptr, out_ptr, tl.program_id(0), num_chunks, BLOCK)
 
 
 def sample_tokens(
@@ -305,7 +173,6 @@ def sample_tokens(
     mask: torch.Tensor | None = None,  # (table rows, >= ceil(vocab / 32)) int32 bitmasks
     mask_rows: torch.Tensor | None = None,  # (batch,) int32: row of `mask` per logits row, -1 = none
     out: torch.Tensor | None = None,  # (batch,) int64 to write the tokens into (a graph's static buffer)
-    cdf: bool | None = None,  # draw by the inverse CDF; None: from CDF_MIN_BATCH rows on
 ) -> torch.Tensor:  # (batch,) int64: out, or a new tensor
     if logits.dim() != 2 or logits.stride(-1) != 1:
         raise ValueError(f"logits must be (batch, vocab), last dim contiguous, got {tuple(logits.shape)}")
@@ -326,21 +193,16 @@ def sample_tokens(
     if batch == 0:
         return out
     interp = is_interpreting(logits)
-    if cdf is None:
-        cdf = batch >= CDF_MIN_BATCH
-    # a multiple of 4 (see _uniforms). H200, B = 256, float32 logits (python -m kernels.bench
-    # --sweep-sampling): the inverse CDF 66 us in two blocks of 1,024 a chunk, 81 in one of 2,048
-    block = max(16, min(next_pow2(vocab), 256 if interp else 1024))
+    block = max(16, min(next_pow2(vocab), 256 if interp else 1024))  # a multiple of 4 (see _uniforms)
     if num_chunks is None:
-        # chunks of 2,048: 75 per row of the 152k vocabulary, so batch 1 spreads over the SMs and
+        # programs of 2 blocks: 75 per row of the 152k vocabulary, so batch 1 spreads over the SMs and
         # batch 32 has ~2400 programs in flight (chunks of 4 blocks and <= 256 programs in all took
         # 6.9 us at batch 1 but 32 us at batch 32 on the H200, 0.6 TB/s)
-        num_chunks = 1 if interp else triton.cdiv(vocab, 2048)
+        num_chunks = 1 if interp else triton.cdiv(vocab, 2 * block)
     chunk = triton.cdiv(triton.cdiv(vocab, num_chunks), block) * block
     num_chunks = triton.cdiv(vocab, chunk)
     best_val = torch.empty((batch, num_chunks), dtype=torch.float32, device=logits.device)
     best_idx = torch.empty((batch, num_chunks), dtype=torch.int32, device=logits.device)
-    sums = torch.empty((batch, num_chunks), dtype=torch.float32, device=logits.device) if cdf else best_val
     seed_ptr = isinstance(seed, torch.Tensor)
     if seed_ptr and (seed.shape != (1,) or seed.dtype != torch.int64 or seed.device != logits.device):
         raise ValueError("a seed tensor must be (1,) int64 on the logits' device")
@@ -348,26 +210,18 @@ def sample_tokens(
         seed = int(seed) & 0x7FFFFFFF
     counters = _counters(logits.device)
     fused = batch <= counters.shape[0]
-    temperatures = temperatures.contiguous()
-    masks = (mask, mask_rows, mask.stride(0)) if mask is not None else (temperatures, temperatures, 0)
     _sample_chunk_kernel[(batch, num_chunks)](
-        logits, temperatures, best_val, best_idx, sums, vocab, logits.stride(0), num_chunks, chunk, seed,
-        *masks, counters, out, BLOCK=block, HAS_MASK=mask is not None, SEED_PTR=seed_ptr, FUSED_REDUCE=fused,
-        BLOCK_C=next_pow2(num_chunks), FAST_LOG=not interp, CDF=cdf, num_warps=CDF_WARPS if cdf else 4,
+        logits, temperatures.contiguous(), best_val, best_idx, vocab, logits.stride(0), num_chunks, chunk,
+        seed, mask if mask is not None else temperatures, mask_rows if mask is not None else temperatures,
+        mask.stride(0) if mask is not None else 0, counters, out, BLOCK=block, HAS_MASK=mask is not None,
+        SEED_PTR=seed_ptr, FUSED_REDUCE=fused, BLOCK_C=next_pow2(num_chunks), FAST_LOG=not interp,
+        num_warps=4,
     )  # fmt: skip
     if not fused:
         _sample_reduce_kernel[(batch,)](
-            logits, temperatures, best_val, best_idx, sums, out, vocab, logits.stride(0), num_chunks, chunk,
-            seed, *masks, BLOCK=block, BLOCK_C=next_pow2(num_chunks), HAS_MASK=mask is not None,
-            SEED_PTR=seed_ptr, CDF=cdf, num_warps=4,
-        )  # fmt: skip
+            best_val, best_idx, out, num_chunks, BLOCK=next_pow2(num_chunks), num_warps=1
+        )
     return out
-
-
-# Batches of this many rows or more draw by the inverse CDF (read at each call); smaller ones by the
-# exponential race, which kernels.lm_head_sample's batch-1 launch shares.
-CDF_MIN_BATCH = 9
-CDF_WARPS = 4  # warps of an inverse-CDF chunk program (2,048 tokens)
 
 
 MAX_FUSED_ROWS = 4096

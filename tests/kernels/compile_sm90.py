@@ -114,9 +114,6 @@ def _launches(dtype: torch.dtype):
             sample_tokens(lg, torch.zeros(4), 7, mask=mask, mask_rows=torch.zeros(4, dtype=torch.int32))
             seed = torch.tensor([7])  # the sampler graphs' variant: the seed read on the device
             sample_tokens(lg, torch.zeros(4), seed, mask=mask, mask_rows=torch.zeros(4, dtype=torch.int32))
-            rows4 = torch.zeros(4, dtype=torch.int32)
-            for masked, rows in ((None, None), (mask, rows4)):  # wide batches: the inverse-CDF draw
-                sample_tokens(lg, torch.zeros(4), seed, mask=masked, mask_rows=rows, cdf=True)
             from kernels.lm_head_sample import lm_head_sample
 
             hidden, head = torch.randn(1, 1024).to(dtype), torch.randn(4096, 1024).to(dtype)

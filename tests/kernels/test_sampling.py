@@ -21,50 +21,28 @@ def _chi2_ok(tokens: torch.Tensor, probs: torch.Tensor) -> bool:
     return stat < 40.0
 
 
-def _check_law(device, rows, chunks=None, cdf=None, vocab=8):
-    # vocab > 8: the eight tokens spread over the row (-inf between them), so a row of 300 or more
-    # splits into chunks of 256 in the interpreter and the draw crosses chunk boundaries
-    places = torch.linspace(0, vocab - 1, 8).long()
-    values = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 3.0, float("-inf"), 1.5])
-    logits = torch.full((vocab,), float("-inf")).index_put_((places,), values).to(device)
+def _check_law(device, rows, chunks=None):
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 3.0, float("-inf"), 1.5], device=device)
     temp = 0.7
     probs = torch.softmax(logits / temp, dim=-1).cpu()
     batch = logits.expand(rows, -1).contiguous()  # every row draws its own noise
     temps = torch.full((rows,), temp, device=device)
-    tokens = sample_tokens(batch, temps, seed=123, num_chunks=chunks, cdf=cdf).cpu()
-    assert tokens.dtype == torch.int64 and bool(torch.isin(tokens, places).all())  # -inf never drawn
-    assert int((tokens == places[6]).sum()) == 0
+    tokens = sample_tokens(batch, temps, seed=123, num_chunks=chunks).cpu()
+    assert tokens.dtype == torch.int64 and int((tokens == 6).sum()) == 0  # -inf never drawn
     assert _chi2_ok(tokens, probs)
     few = slice(0, 16)
-    again = sample_tokens(batch[few], temps[few], seed=123, num_chunks=chunks, cdf=cdf).cpu()
+    again = sample_tokens(batch[few], temps[few], seed=123, num_chunks=chunks).cpu()
     assert torch.equal(tokens[few], again)  # same seed, same draw
-    other = sample_tokens(batch[few], temps[few], seed=124, num_chunks=chunks, cdf=cdf).cpu()
+    other = sample_tokens(batch[few], temps[few], seed=124, num_chunks=chunks).cpu()
     assert not torch.equal(tokens[few], other)
 
 
-@pytest.mark.parametrize("cdf", [False, True])
-def test_sampling_law_matches_softmax(cdf):
-    _check_law("cpu", 400, cdf=cdf)  # the interpreter runs ~100 programs/s: the GPU test draws 20k
+def test_sampling_law_matches_softmax():
+    _check_law("cpu", 400)  # the interpreter runs ~100 programs/s: the GPU test draws 20k
 
 
-@pytest.mark.parametrize("cdf", [False, True])
-def test_sampling_law_with_chunks(cdf):
-    # 3 chunks of 256 a row: the race's row reduction, and the CDF's chunk draw then token draw, pick right
-    _check_law("cpu", 300, chunks=3, cdf=cdf, vocab=700)
-
-
-def test_the_batch_picks_the_method(monkeypatch):
-    from kernels import sampling
-
-    g = torch.Generator().manual_seed(3)
-    logits = torch.randn(3, 100, generator=g)
-    temps = torch.full((3,), 0.9)
-    race, cdf = (sample_tokens(logits, temps, 11, cdf=flag) for flag in (False, True))
-    assert not torch.equal(race, cdf)  # the two draws differ for this seed
-    monkeypatch.setattr(sampling, "CDF_MIN_BATCH", 3)
-    assert torch.equal(sample_tokens(logits, temps, 11), cdf)
-    monkeypatch.setattr(sampling, "CDF_MIN_BATCH", 4)
-    assert torch.equal(sample_tokens(logits, temps, 11), race)
+def test_sampling_law_with_chunks():
+    _check_law("cpu", 100, chunks=3)  # chunk boundaries inside the row: the row reduction picks right
 
 
 def test_reference_sampler_law():
@@ -74,15 +52,14 @@ def test_reference_sampler_law():
     assert _chi2_ok(tokens, torch.softmax(logits[0] / 0.7, dim=-1))
 
 
-@pytest.mark.parametrize("cdf", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_greedy_rows_are_argmax(dtype, cdf):
+def test_greedy_rows_are_argmax(dtype):
     g = torch.Generator().manual_seed(0)
     logits = (torch.randn(5, 300, generator=g) * 3).to(dtype)
     logits[1, 7] = logits[1, 250] = logits[1].max() + 1  # a tie: lowest index, as torch.argmax
     logits[3] = float("-inf")  # all masked: index 0, as torch.argmax
     temps = torch.tensor([0.0, 0.0, 0.8, 0.0, 1.0])
-    got = sample_tokens(logits, temps, seed=5, num_chunks=2, cdf=cdf)
+    got = sample_tokens(logits, temps, seed=5, num_chunks=2)
     greedy = temps == 0
     assert torch.equal(got[greedy], logits.float().argmax(dim=-1)[greedy])
     assert got[1] == 7 and got[3] == 0
@@ -90,29 +67,8 @@ def test_greedy_rows_are_argmax(dtype, cdf):
 
 
 @gpu
-@pytest.mark.parametrize("cdf", [False, True])
-def test_gpu_sampling_law(cdf):
-    _check_law("cuda", 20000, cdf=cdf)
-    _check_law("cuda", 20000, cdf=cdf, vocab=151936)  # the eight tokens in different chunks
-
-
-@gpu
-@pytest.mark.parametrize("cdf", [False, True])
-def test_gpu_dense_row_law(cdf):
-    # every token of a 151,936-entry row finite: the draws' mass over ten groups of tokens (token id mod 10)
-    # against the softmax's, in bf16 as the engine samples
-    g = torch.Generator().manual_seed(6)
-    row = (torch.randn(151936, generator=g) * 2).to(torch.bfloat16)
-    probs = torch.softmax(row.float() / 0.6, dim=-1)
-    groups = torch.arange(151936) % 10
-    group_probs = torch.zeros(10, dtype=torch.float64).index_add_(0, groups, probs.double())
-    batch = row.cuda().expand(20000, -1).contiguous()
-    tokens = sample_tokens(batch, torch.full((20000,), 0.6, device="cuda"), seed=5, cdf=cdf).cpu()
-    assert _chi2_ok(tokens % 10, group_probs)
-
-
-@gpu
 def test_gpu_sampling():
+    _check_law("cuda", 20000)
     logits = torch.randn(64, 151936, device="cuda") * 4
     greedy = torch.zeros(64, device="cuda")
     assert torch.equal(sample_tokens(logits, greedy, seed=1), logits.argmax(dim=-1))
@@ -158,14 +114,13 @@ def test_masked_greedy_rows_match_apply_then_argmax(dtype):
     assert torch.equal(ops.masked_by_rows(logits.float(), table, rows).argmax(-1), got)
 
 
-@pytest.mark.parametrize("cdf", [False, True])
-def test_masked_sampling_law(cdf):
+def test_masked_sampling_law():
     # sampled rows draw from softmax over the allowed tokens only
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 3.0, 0.3, 1.5]).expand(300, -1).contiguous()
     table = torch.tensor([[0b10101101]], dtype=torch.int32)  # tokens 0, 2, 3, 5, 7
     allowed = torch.tensor([1, 0, 1, 1, 0, 1, 0, 1], dtype=torch.bool)
     rows = torch.zeros(300, dtype=torch.int32)
-    tokens = sample_tokens(logits, torch.full((300,), 0.7), seed=4, mask=table, mask_rows=rows, cdf=cdf)
+    tokens = sample_tokens(logits, torch.full((300,), 0.7), seed=4, mask=table, mask_rows=rows)
     assert allowed[tokens].all()
     probs = torch.softmax(torch.where(allowed, logits[0] / 0.7, float("-inf")), dim=-1)
     assert _chi2_ok(tokens, probs)
@@ -192,27 +147,19 @@ def test_gpu_masked_sampling():
     assert allowed.all()
 
 
-@pytest.mark.parametrize("cdf", [False, True])
-def test_in_kernel_reduction_equals_the_second_launch(monkeypatch, cdf):
+def test_in_kernel_reduction_equals_the_second_launch(monkeypatch):
     from kernels import sampling
 
     g = torch.Generator().manual_seed(8)
-    logits = torch.randn(5, 600, generator=g) * 2  # 3 chunks of 256 in the interpreter
-    logits[4, 1:] = float("-inf")  # one allowed token, in the first chunk
+    logits = torch.randn(5, 300, generator=g) * 2
     temps = torch.tensor([0.0, 0.8, 0.0, 1.0, 0.5])
-    mask = _mask_table(600, 2, 4)
-    rows = torch.tensor([-1, 1, 1, -1, -1], dtype=torch.int32)
-    fused = sample_tokens(logits, temps, seed=3, num_chunks=3, cdf=cdf, mask=mask, mask_rows=rows)
+    fused = sample_tokens(logits, temps, seed=3, num_chunks=3)
     assert int(sampling._counters(logits.device).abs().sum()) == 0  # left zeroed for the next launch
-    assert fused[4] == 0
-    allowed = ops.masked_by_rows(logits, mask, rows).gather(1, fused[:, None]) > float("-inf")
-    assert allowed.all()
     # a batch past the counters reduces in a second launch: the same draw
     from kernels import _jit
 
     monkeypatch.setitem(_jit._COUNTERS, ("sampling", "cpu", None), torch.zeros(2, dtype=torch.int32))
-    again = sample_tokens(logits, temps, seed=3, num_chunks=3, cdf=cdf, mask=mask, mask_rows=rows)
-    assert torch.equal(again, fused)
+    assert torch.equal(sample_tokens(logits, temps, seed=3, num_chunks=3), fused)
 
 
 def test_seed_from_a_device_tensor_equals_the_int_seed():
