@@ -127,44 +127,6 @@ def replay(
         pa.DECODE_CONFIGS.update(saved)
 
 
-def replay_heads(hpps: list[int], configs, stride: int, timer: Timer, dtype, device, tiny: bool) -> None:
-    """W2's decode attention through kernels.decode_heads (HPP KV heads a program), the engine's layout
-    and folded new token, against the engine's launch on the same steps."""
-    from kernels import paged_attention as pa
-    from kernels.decode_heads import decode_heads
-
-    steps = w2_steps(stride, tiny)
-    eng, used = engine_tables(tiny)
-    blocks = max(used, max(len(ctx) * -(-max(ctx) // BLOCK_SIZE) for _, ctx, _ in steps))
-    shape = (blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
-    pool = _randn(*shape, dtype=dtype, device=device), _randn(*shape, dtype=dtype, device=device)
-    gen = torch.Generator().manual_seed(0)
-    batches = [
-        (t, ctx, _batch(ctx, rows, "engine", pool, dtype, device, gen, eng, "folded"))
-        for t, ctx, rows in steps
-    ]
-    variants = [("engine", None, None)] + [(f"hpp {h} {c}", h, c) for h in hpps for c in configs]
-    for name, hpp, cfg in variants:
-        total, cells, worst = 0.0, [], 0.0
-        for t, ctx, (q, tables, seq_lens, new) in batches:
-            order = pa.longest_first(seq_lens) if pa.wants_order(len(ctx), NUM_KV_HEADS, device) else None
-            bound = tables.shape[1] * BLOCK_SIZE
-            run = lambda q=q, tb=tables, sl=seq_lens, nt=new, o=order, m=bound: pa.paged_decode_attention(
-                q, pool[0], pool[1], tb, sl, HEAD_DIM**-0.5, max_seq_len=m, new_token=nt, order=o
-            )
-            if hpp is not None and order is not None:  # wide steps only; the others as the engine
-                want = run()
-                run = lambda q=q, tb=tables, sl=seq_lens, nt=new, o=order, h=hpp, c=cfg: decode_heads(
-                    q, pool[0], pool[1], tb, sl, HEAD_DIM**-0.5, nt, hpp=h, order=o, config=c
-                )
-                worst = max(worst, float((run().float() - want.float()).abs().max()))
-            sec = timer.graph(run) or timer.eager(run)
-            nbytes = sum(ctx) * NUM_KV_HEADS * HEAD_DIM * 2 * pool[0].element_size()
-            cells.append(f"{t}:B{len(ctx)} {sec * 1e6:.1f} ({nbytes / sec / 1e12:.2f})")
-            total += sec * stride * LAYERS
-        print(f"{name}: W2 total {total * 1e3:.0f} ms, max |diff| {worst:.2e} | {'  '.join(cells)}")
-
-
 def _replay(configs, keys, batches, pool, stride: int, timer: Timer, device) -> None:
     """Times every config over one layout's steps (DECODE_CONFIGS[keys] set to each in turn)."""
     from kernels import paged_attention as pa
@@ -229,7 +191,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tiny", action="store_true", help="tiny steps on the CPU through Triton's interpreter"
     )
-    parser.add_argument("--heads", default="", help="space-separated HPP: time kernels.decode_heads instead")
     args = parser.parse_args(argv)
     from engine import bench_switches
 
@@ -251,10 +212,6 @@ def main(argv: list[str] | None = None) -> int:
     layouts = _names(parser, "--layouts", args.layouts, ("shuffled", "engine", "contiguous"))
     new_tokens = _names(parser, "--new-token", args.new_token, ("fused", "folded", "none"))
     timer = Timer(device, reps, False)
-    if args.heads:
-        hpps = [int(h) for h in args.heads.split()]
-        replay_heads(hpps, configs, 4 if args.tiny else args.stride, timer, dtype, device, args.tiny)
-        return 0
     replay(configs, layouts, 4 if args.tiny else args.stride, timer, dtype, device, args.tiny, new_tokens)
     return 0
 
