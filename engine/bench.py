@@ -422,12 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the timed run's steps grouped by kind (decode batch size, with prefill): host, device "
         "and K/V streaming time",
     )
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="MODULE.NAME=VALUE",
-        help="flip a module-level switch for this run, e.g. kernels.dispatch.DECODE_TAIL=False (repeatable)",
+    bench_switches.add_option(
+        p, "flip a module-level switch for this run, e.g. kernels.dispatch.DECODE_TAIL=False (repeatable)"
     )
     return p
 
@@ -438,10 +434,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     PROFILE, TIMELINE, TRACE = args.profile or bool(args.trace), args.timeline, args.trace
     BY_BATCH = args.by_batch
-    try:
-        switches = bench_switches.apply(args.set)
-    except ValueError as exc:
-        parser.error(str(exc))
+    switches = bench_switches.apply_or_exit(parser, args.set)
     if switches:
         print("switches: " + ", ".join(f"{k}={v!r}" for k, v in switches.items()))
     result = WORKLOADS[args.workload](args)

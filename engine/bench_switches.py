@@ -54,3 +54,16 @@ def apply(specs: list[str]) -> dict[str, object]:
     for module, _, name, value in planned:
         setattr(module, name, value)
     return {full: value for _, full, _, value in planned}
+
+
+def add_option(parser, example: str) -> None:
+    """The repeatable `--set MODULE.NAME=VALUE` option of a benchmark command (`example`: its help)."""
+    parser.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE", help=example)
+
+
+def apply_or_exit(parser, specs: list[str]) -> dict[str, object]:
+    """apply(specs), a bad switch reported as the parser's usage error (exit 2) before anything runs."""
+    try:
+        return apply(specs)
+    except ValueError as exc:
+        parser.error(str(exc))

@@ -184,21 +184,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--new-token", default="fused", help="space-separated: fused, folded, none (the new token's work)"
     )
-    parser.add_argument(
-        "--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
-        help="flip a module-level switch for this run (as chatloom bench --set; repeatable)",
-    )  # fmt: skip
+    from engine import bench_switches
+
+    bench_switches.add_option(
+        parser, "flip a module-level switch for this run (as chatloom bench --set; repeatable)"
+    )
     parser.add_argument(
         "--tiny", action="store_true", help="tiny steps on the CPU through Triton's interpreter"
     )
     args = parser.parse_args(argv)
-    from engine import bench_switches
-
-    try:
-        for name, value in bench_switches.apply(args.set).items():
-            print(f"# set {name} = {value!r}")
-    except ValueError as exc:
-        parser.error(str(exc))
+    for name, value in bench_switches.apply_or_exit(parser, args.set).items():
+        print(f"# set {name} = {value!r}")
     if args.tiny:
         device, dtype, reps = torch.device("cpu"), torch.float32, 1
     elif torch.cuda.is_available():

@@ -67,18 +67,14 @@ def main(argv: list[str] | None = None) -> int:
     summary = __doc__.split("\n\n")[0]
     parser = argparse.ArgumentParser(prog="python -m kernels.tail_timeline", description=summary)
     parser.add_argument("--reps", type=int, default=20, help="traced launches per case (medians over them)")
-    parser.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
-                        help="flip a switch first, e.g. kernels.decode_tail.COOPERATIVE=False")  # fmt: skip
+    from engine import bench_switches
+
+    bench_switches.add_option(parser, "flip a switch first, e.g. kernels.decode_tail.COOPERATIVE=False")
     parser.add_argument("--tma", action="store_true", help="trace kernels.decode_tail_tma instead")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device")
-    from engine.bench_switches import apply
-
-    try:
-        switches = apply(args.set)
-    except ValueError as exc:
-        parser.error(str(exc))
+    switches = bench_switches.apply_or_exit(parser, args.set)
     if switches:
         print("switches: " + ", ".join(f"{k}={v}" for k, v in switches.items()))
     programs, cases = timeline(reps=args.reps, tma=args.tma)
