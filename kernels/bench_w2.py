@@ -18,8 +18,9 @@ the pool: `shuffled` (random blocks), `engine` (as a first-free allocator hands 
 prompt's blocks in admission order, then one block at a time as the sequences cross block boundaries
 together) and `contiguous` (each sequence's blocks one run). The new token's work before the K/V walk
 (`--new-token`): `fused` (q/k norm, RoPE and the K/V store in the launch), `folded` (the same after the
-row's 1 / rms, as a model with folded norms runs it) or `none` (the cache walked alone: what that work
-costs the launch).
+row's 1 / rms, as a model with folded norms runs it), `none` (the cache walked alone: what that work
+costs the launch) or `separate` (fused's work as a launch of its own, kernels.qk_norm_rope, before the
+attention over the cache).
 """
 
 from __future__ import annotations
@@ -91,7 +92,25 @@ def _batch(ctx: list[int], rows: list[int], layout: str, pool, dtype, device, ge
     if new_token == "folded":
         hidden = _randn(len(ctx), HIDDEN, dtype=dtype, device=device)
         new = new._replace(row_scale=hidden, row_eps=1e-6)
+    if new_token == "separate":
+        return q, tables, seq_lens, ("separate", new)
     return q, tables, seq_lens, (None if new_token == "none" else new)
+
+
+def _attend(q, pool, tables, seq_lens, new, order, bound):
+    """One step's decode attention as the mode of `new` runs it: NewTokenQK or None through the launch,
+    ("separate", NewTokenQK) as qk_norm_rope_store_kv's launch and then the attention over the cache."""
+    from kernels import paged_attention as pa
+    from kernels.qk_norm_rope import qk_norm_rope_store_kv
+
+    if isinstance(new, tuple) and new and new[0] == "separate":
+        nt = new[1]
+        qk_norm_rope_store_kv(q, nt.k, nt.v, nt.q_norm_weight, nt.k_norm_weight, nt.eps, nt.positions,
+                              nt.cos_sin, pool[0], pool[1], nt.slot_mapping)  # fmt: skip
+        new = None
+    return pa.paged_decode_attention(
+        q, pool[0], pool[1], tables, seq_lens, HEAD_DIM**-0.5, max_seq_len=bound, new_token=new, order=order
+    )
 
 
 def replay(
@@ -139,8 +158,8 @@ def _replay(configs, keys, batches, pool, stride: int, timer: Timer, device) -> 
         for t, ctx, (q, tables, seq_lens, new) in batches:
             order = pa.longest_first(seq_lens) if pa.wants_order(len(ctx), NUM_KV_HEADS, device) else None
             bound = tables.shape[1] * BLOCK_SIZE
-            fn = lambda q=q, tb=tables, sl=seq_lens, nt=new, o=order, m=bound: pa.paged_decode_attention(
-                q, pool[0], pool[1], tb, sl, HEAD_DIM**-0.5, max_seq_len=m, new_token=nt, order=o
+            fn = lambda q=q, tb=tables, sl=seq_lens, nt=new, o=order, m=bound: _attend(
+                q, pool, tb, sl, nt, o, m
             )
             sec = timer.graph(fn) or timer.eager(fn)
             nbytes = sum(ctx) * NUM_KV_HEADS * HEAD_DIM * 2 * pool[0].element_size()
@@ -182,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         "--layouts", default="shuffled", help="space-separated block layouts: shuffled, engine, contiguous"
     )
     parser.add_argument(
-        "--new-token", default="fused", help="space-separated: fused, folded, none (the new token's work)"
+        "--new-token",
+        default="fused",
+        help="space-separated: fused, folded, none, separate (the new token's work)",
     )
     from engine import bench_switches
 
@@ -206,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         configs = [(16, 4, 1)]
     torch.manual_seed(0)
     layouts = _names(parser, "--layouts", args.layouts, ("shuffled", "engine", "contiguous"))
-    new_tokens = _names(parser, "--new-token", args.new_token, ("fused", "folded", "none"))
+    new_tokens = _names(parser, "--new-token", args.new_token, ("fused", "folded", "none", "separate"))
     timer = Timer(device, reps, False)
     replay(configs, layouts, 4 if args.tiny else args.stride, timer, dtype, device, args.tiny, new_tokens)
     return 0

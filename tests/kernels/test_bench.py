@@ -97,3 +97,27 @@ def test_w2_replay_tiny_cpu_run(capsys):
     with pytest.raises(SystemExit):  # a switch that does not exist stops it before anything runs
         bench_w2.main(["--tiny", "--set", "kernels.paged_attention.NO_SUCH=1"])
     assert "kernels.paged_attention has no NO_SUCH" in capsys.readouterr().err
+
+
+def test_w2_replay_separate_equals_fused():
+    """`--new-token separate` (qk_norm_rope_store_kv's launch, then the attention over the cache) computes
+    what the fused launch does: the same output and cache rows."""
+    from kernels import bench_w2
+    from kernels.bench import BLOCK_SIZE, HEAD_DIM, NUM_KV_HEADS, _new_token
+
+    torch.manual_seed(0)
+    ctx = [37, 5, 70]
+    per_seq = -(-max(ctx) // BLOCK_SIZE)
+    blocks = len(ctx) * per_seq + 1
+    shape = (blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    pool = torch.randn(*shape), torch.randn(*shape)
+    tables = torch.randperm(blocks)[: len(ctx) * per_seq].view(len(ctx), per_seq).int()
+    seq_lens = torch.tensor(ctx, dtype=torch.int32)
+    q, new = _new_token(seq_lens, tables, torch.float32, torch.device("cpu"))
+    runs = []
+    for mode in (new, ("separate", new)):
+        caches = tuple(t.clone() for t in pool)
+        out = bench_w2._attend(q.clone(), caches, tables, seq_lens, mode, None, per_seq * BLOCK_SIZE)
+        runs.append((out, *caches))
+    for a, b in zip(*runs, strict=True):
+        assert (a - b).abs().max().item() < 2e-5
