@@ -361,7 +361,7 @@ def sweep(dtype, device, timer: Timer, tiny: bool) -> None:
             for cfg in decode_sweep:
                 pa.DECODE_CONFIGS[key] = cfg
                 if key == "16bit":
-                    pa.DECODE_CONFIGS["16bit_wide"] = cfg
+                    pa.DECODE_CONFIGS["16bit_wide"] = pa.DECODE_CONFIGS["16bit_wide_table"] = cfg
                 for splits in splits_sweep:
                     if splits > 1 and ctx // splits < cfg[0]:
                         continue
@@ -421,7 +421,7 @@ def _sweep_fused_decode(pa, key: str, dtype, device, timer: Timer, tiny: bool, c
                 pa.DECODE_CONFIGS[key] = cfg
                 pa.PEEL_TILE = tuple(cfg[:2])
                 if key == "16bit":
-                    pa.DECODE_CONFIGS["16bit_wide"] = cfg
+                    pa.DECODE_CONFIGS["16bit_wide"] = pa.DECODE_CONFIGS["16bit_wide_table"] = cfg
                 pa.DECODE_ONE_LOOP = one_loop  # read at launch (and at capture)
                 fn = lambda q=q, kc=kc, vc=vc, bt=bt, sl=sl, new=new, s=splits: pa.paged_decode_attention(
                     q, kc, vc, bt, sl, HEAD_DIM**-0.5, num_splits=s, new_token=new
@@ -461,7 +461,10 @@ def sweep_ragged(dtype, device, timer: Timer, tiny: bool) -> None:
     del stream
     print("# ragged decode: num_splits -> us (GB/s of K/V read)")
     gen = torch.Generator().manual_seed(0)
-    key = "interpret" if device.type == "cpu" else ("fp32" if dtype == torch.float32 else "16bit_wide")
+    wide = (
+        "16bit_wide_table" if pa.DECODE_TABLE_REGS else "16bit_wide"
+    )  # the block table read once or per tile
+    key = "interpret" if device.type == "cpu" else ("fp32" if dtype == torch.float32 else wide)
     defaults = pa.DECODE_HEAD_MAJOR, pa.DECODE_CONFIGS[key]
 
     def timed(batch, splits, ordered: bool, fused: bool = False) -> str:

@@ -130,7 +130,7 @@ def replay(
     blocks = max(used, max(len(ctx) * -(-max(ctx) // BLOCK_SIZE) for _, ctx, _ in steps))  # the widest
     shape = (blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
     pool = _randn(*shape, dtype=dtype, device=device), _randn(*shape, dtype=dtype, device=device)
-    keys = ("interpret",) if device.type == "cpu" else ("16bit_wide", "16bit")
+    keys = ("interpret",) if device.type == "cpu" else ("16bit_wide", "16bit_wide_table", "16bit")
     saved = {k: pa.DECODE_CONFIGS[k] for k in keys}
     try:
         for layout in layouts:

@@ -25,11 +25,17 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _tile_offsets(bt_row, start, hi, kvh, d, d_mask, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+                  BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, bt_regs=None,
+                  BLOCK_T: tl.constexpr = 0):  # fmt: skip
     """(positions (BLOCK_N,), cache offsets and mask (BLOCK_N, BLOCK_D)) of keys [start, start + BLOCK_N)
-    through the block table (MASKED: keys >= hi masked)."""
+    through the block table (MASKED: keys >= hi masked); BLOCK_T > 0: its row already in registers
+    (bt_regs (BLOCK_T,)), so the cache addresses wait for no load of the tile's own."""
     offs_n = start + tl.arange(0, BLOCK_N)
-    if MASKED:
+    if BLOCK_T > 0:
+        n_mask = offs_n < hi
+        blk = tl.gather(bt_regs, tl.minimum(offs_n // BLOCK_SIZE, BLOCK_T - 1), 0).to(tl.int64)
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+    elif MASKED:
         n_mask = offs_n < hi
         blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
         kv_mask = n_mask[:, None] & d_mask[None, :]
@@ -88,11 +94,13 @@ def _attend_tile(
     HAS_WINDOW: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    bt_regs=None,
+    BLOCK_T: tl.constexpr = 0,
 ):
     """One BLOCK_N tile of keys folded into the online softmax, its values asked for once the scores are
     computed (a helper: interpreted or compiled with its caller, see kernels._jit)."""
     offs_n, kv_off, kv_mask = _tile_offsets(bt_row, start, hi, kvh, d, d_mask, NUM_KV_HEADS, HEAD_DIM,
-                                            BLOCK_SIZE, BLOCK_N, MASKED)  # fmt: skip
+                                            BLOCK_SIZE, BLOCK_N, MASKED, bt_regs, BLOCK_T)  # fmt: skip
     k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
     p, alpha, m_new, l_i = _softmax_step(q, k, m_i, l_i, offs_n, hi, q_pos, scale_log2, slope, window, MASKED,
                                          HAS_WINDOW, HAS_ALIBI, DOT_PREC)  # fmt: skip
@@ -299,6 +307,7 @@ def _decode_kernel(
     PEEL: tl.constexpr,  # FUSE_QK: the first tile asked for before the new token's work (DECODE_PEEL)
     ROW_SCALE: tl.constexpr,  # FUSE_QK: q, k and v times 1 / rms(h) first (NewTokenQK.row_scale)
     BLOCK_H: tl.constexpr,  # >= hidden (ROW_SCALE)
+    BLOCK_T: tl.constexpr,  # > 0: the block-table row held in registers, >= its entries (DECODE_TABLE_REGS)
 ):
     """One (sequence, KV head, split) per program: grid (batch, num_kv_heads, NUM_SPLITS), or
     (num_kv_heads, batch, NUM_SPLITS) HEAD_MAJOR; ORDERED, the grid's batch index goes through order."""
@@ -422,11 +431,15 @@ def _decode_kernel(
             scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
             False, False, HAS_ALIBI, DOT_PREC,
         )  # fmt: skip
+    bt_regs = None
+    if BLOCK_T > 0:
+        t = tl.arange(0, BLOCK_T)
+        bt_regs = tl.load(bt_row + t, mask=t < tl.cdiv(s_hi, BLOCK_SIZE), other=0)
     for start in range(mid, s_hi, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, s_hi, q_pos, kvh, d, d_mask,
             scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
-            True, False, HAS_ALIBI, DOT_PREC,
+            True, False, HAS_ALIBI, DOT_PREC, bt_regs, BLOCK_T,
         )  # fmt: skip
 
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # empty range (split past the end): zeros
@@ -519,6 +532,9 @@ DECODE_CONFIGS = {  # (BLOCK_N, num_warps, num_stages)
     # --sweep-ragged at batch 256 with the engine's dispatch (270.7 us against 283.6) but not in W2
     # (26,016 / 26,036 against 26,173 tok/s, one machine session)
     "16bit_wide": (128, 4, 3),
+    # the same with the block-table row in registers (DECODE_TABLE_REGS): two shared buffers a tile, so
+    # 64-key tiles keep three programs an SM
+    "16bit_wide_table": (64, 4, 3),
     "fp32": (32, 8, 2),
     "interpret": (16, 4, 1),
 }
@@ -549,6 +565,20 @@ DECODE_LONGEST_FIRST = True
 # Read at launch. H200, W3: with kernels.pdl 1,247 / 1,246 / 1,246 against 1,232 / 1,229 / 1,235 without
 # (one machine session); before it, when nothing overlapped the launch's start, 1,175 against 1,209
 DECODE_PEEL = True
+
+# Decode launches that are not peeled, their block table no wider than TABLE_REGS_MAX entries: each
+# program reads its sequence's block-table row into registers once and every tile gathers its blocks
+# from there, so a tile's K/V addresses wait for no load of the loop's own and Triton's software
+# pipeline double-buffers the tiles (K/V of the next tile in flight while a tile is folded in); read per
+# tile, the addresses wait on that tile's block-table load and the pipeline keeps one buffer a tile and
+# waits for every copy at each iteration's top. H200 (triton 3.6), `python -m kernels.bench_w2
+# --new-token "folded none" --layouts engine`: W2's decode attention 3,908 ms with (64, 4, 3) tiles
+# against 3,999 read per tile with (128, 4, 3), the cache walked alone 3,696 against 3,870 (4.2-4.3
+# TB/s from batch 99 up, a streaming read's rate); 128-key tiles take 139 KB of shared memory doubled
+# (one program an SM: 4,999 ms). W2 27,229 tok/s against 26,765, W1 22,852 (one machine session).
+# 512 entries (8,192 tokens in 16-token blocks) keep the row at 4 registers a thread.
+DECODE_TABLE_REGS = True
+TABLE_REGS_MAX = 512
 # software pipeline stages of a peeled launch: its other tiles (past 2,048 keys at 32 splits) are not
 # pipelined, so the peeled tile stays in registers without spills (triton 3.9 spills 40-48 bytes with
 # 3 stages, 3.6 none); W3 1,243 / 1,250 against 1,246 / 1,245 with 3 (H200, one machine session)
@@ -936,10 +966,13 @@ def decode_launch(
         raise ValueError("num_splits must be in [1, 1024]")
     key = _config_key(q)
     wide = _wide(b, hk, q.device)
-    if key == "16bit" and wide:
-        key = "16bit_wide"
-    block_n, warps, stages = DECODE_CONFIGS[key]
     peel = DECODE_PEEL and nt is not None and num_splits > 1 and b == 1
+    table_entries = next_pow2(block_tables.shape[1])
+    table_regs = DECODE_TABLE_REGS and DECODE_ONE_LOOP and not peel and table_entries <= TABLE_REGS_MAX
+    block_t = table_entries if table_regs else 0
+    if key == "16bit" and wide:
+        key = "16bit_wide_table" if table_regs else "16bit_wide"
+    block_n, warps, stages = DECODE_CONFIGS[key]
     if peel:
         stages = PEEL_STAGES
         if key == "16bit":
@@ -975,6 +1008,7 @@ def decode_launch(
         DOT_PREC=_dot_precision(q.dtype), ONE_LOOP=DECODE_ONE_LOOP, HEAD_MAJOR=head_major,
         ORDERED=order is not None, PDL=b == 1 and pdl.enabled(q.device),
         PEEL=peel, ROW_SCALE=hs is not None, BLOCK_H=next_pow2(hs.shape[1]) if hs is not None else 1,
+        BLOCK_T=block_t,
     )  # fmt: skip
     partials = (part_out, part_lse) if num_splits > 1 and not fused_reduce else None
     return DecodeLaunch(args, consts, (b, hk, num_splits), out, warps, stages, partials)

@@ -134,10 +134,24 @@ DECODE_CTX = [1, 20, 75, 33]
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("num_splits", [1, 3, 8])
-def test_decode_matches_reference(dtype, block_size, num_splits):
-    # 8 splits of 75 keys leave some splits empty for the shorter sequences
+@pytest.mark.parametrize("table", [True, False])
+def test_decode_matches_reference(dtype, block_size, num_splits, table, monkeypatch):
+    """table (DECODE_TABLE_REGS): each program's block-table row read into registers once, its tiles'
+    blocks gathered from there; else read per tile. 8 splits of 75 keys leave some splits empty."""
+    monkeypatch.setattr(pa, "DECODE_TABLE_REGS", table)
     out, args = _decode(dtype, block_size, DECODE_CTX, num_splits)
     assert max_err(out, ref.decode_attention(*args)) < ATOL[dtype]
+    launch = pa.decode_launch(*args[:6], num_splits=num_splits)
+    assert launch.consts["BLOCK_T"] == (pa.next_pow2(args[3].shape[1]) if table else 0)
+
+
+def test_decode_table_wider_than_registers_reads_it_per_tile(monkeypatch):
+    """A block table wider than TABLE_REGS_MAX entries is read per tile, with the same result."""
+    q, kc, vc, bt, _, sl = make_paged(DECODE_CTX, [1] * len(DECODE_CTX), H, HK, D, 16, torch.float32)
+    held = paged_decode_attention(q, kc, vc, bt, sl, SCALE, num_splits=2)
+    monkeypatch.setattr(pa, "TABLE_REGS_MAX", bt.shape[1] - 1)
+    assert pa.decode_launch(q, kc, vc, bt, sl, SCALE, num_splits=2).consts["BLOCK_T"] == 0
+    assert torch.equal(paged_decode_attention(q, kc, vc, bt, sl, SCALE, num_splits=2), held)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -145,8 +159,9 @@ def test_decode_matches_reference(dtype, block_size, num_splits):
     ("window", "alibi", "num_splits"), [(9, False, 1), (30, False, 4), (None, True, 3), (25, True, 2)]
 )
 def test_decode_window_and_alibi(dtype, window, alibi, num_splits, monkeypatch):
-    for one_loop in (False, True):  # paged_attention.DECODE_ONE_LOOP: the same result either way
+    for one_loop, table in ((False, False), (True, False), (True, True)):  # the same result every way
         monkeypatch.setattr(pa, "DECODE_ONE_LOOP", one_loop)
+        monkeypatch.setattr(pa, "DECODE_TABLE_REGS", table)
         out, args = _decode(dtype, 16, DECODE_CTX, num_splits, window, alibi)
         assert max_err(out, ref.decode_attention(*args)) < ATOL[dtype]
 
