@@ -251,103 +251,6 @@ def _new_v(v_new_ptr, b, stride_vb, kvh, d, d_mask, rs, HEAD_DIM: tl.constexpr, 
     return v
 
 
-@triton.jit
-def _new_token(q_ptr, q_rows, k_new_ptr, v_new_ptr, qw_ptr, kw_ptr, pos_ptr, cs_ptr, slot_ptr, h_ptr, b,
-               kvh, d, d_mask, gd_mask, ctx, s_lo, s_hi, stride_kb, stride_vb, stride_hb, hidden, eps, eps_h,
-               HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr, ROW_SCALE: tl.constexpr, BLOCK_H: tl.constexpr,
-               PDL: tl.constexpr):  # fmt: skip
-    """The new token's q (BLOCK_G, BLOCK_D), k and v (BLOCK_D,) in q's dtype, the row scale, q/k norm and
-    RoPE applied and rounded exactly as kernels.qk_norm_rope; whether this split holds its position
-    (owner) and its cache slot. `partner` is each lane's rotate-half source d +- head_dim / 2."""
-    half = HEAD_DIM // 2
-    partner = (d + half) % HEAD_DIM
-    sign = tl.where(d < half, -1.0, 1.0)[None, :]
-    pos = tl.load(pos_ptr + b).to(tl.int64)
-    cos = tl.load(cs_ptr + pos * HEAD_DIM + d % half, mask=d_mask, other=0.0)[None, :]
-    sin = tl.load(cs_ptr + pos * HEAD_DIM + half + d % half, mask=d_mask, other=0.0)[None, :]
-    dt = q_ptr.dtype.element_ty
-    pdl.wait(PDL)  # q, k and v come from the kernel before
-    qa = tl.load(q_rows + d[None, :], mask=gd_mask, other=0.0).to(tl.float32)
-    qb = tl.load(q_rows + partner[None, :], mask=gd_mask, other=0.0).to(tl.float32)
-    k_row = k_new_ptr + b.to(tl.int64) * stride_kb + kvh * HEAD_DIM
-    ka = tl.load(k_row + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]  # (1, BLOCK_D)
-    kb = tl.load(k_row + partner, mask=d_mask, other=0.0).to(tl.float32)[None, :]
-    rs = 1.0
-    if ROW_SCALE:  # the layer's input RMSNorm (its weight folded into the projection), rounded to dt
-        rs = row_rstd(h_ptr, b, stride_hb, hidden, eps_h, BLOCK_H)
-        qa = (qa * rs).to(dt).to(tl.float32)
-        qb = (qb * rs).to(dt).to(tl.float32)
-        ka = (ka * rs).to(dt).to(tl.float32)
-        kb = (kb * rs).to(dt).to(tl.float32)
-    if HAS_NORM:
-        rq = 1.0 / tl.sqrt(tl.sum(qa * qa, axis=1) / HEAD_DIM + eps)[:, None]
-        wa = tl.load(qw_ptr + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
-        wb = tl.load(qw_ptr + partner, mask=d_mask, other=0.0).to(tl.float32)[None, :]
-        qa = (wa * (qa * rq).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        qb = (wb * (qb * rq).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        rk = 1.0 / tl.sqrt(tl.sum(ka * ka, axis=1) / HEAD_DIM + eps)[:, None]
-        ua = tl.load(kw_ptr + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
-        ub = tl.load(kw_ptr + partner, mask=d_mask, other=0.0).to(tl.float32)[None, :]
-        ka = (ua * (ka * rk).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        kb = (ub * (kb * rk).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-    q = (qa * cos + sign * qb * sin).to(dt)  # (BLOCK_G, BLOCK_D)
-    k_new = tl.sum((ka * cos + sign * kb * sin).to(dt), axis=0)  # (BLOCK_D,)
-    v_new = _new_v(v_new_ptr, b, stride_vb, kvh, d, d_mask, rs, HEAD_DIM, ROW_SCALE)
-    slot = tl.load(slot_ptr + b).to(tl.int64)
-    owner = (slot >= 0) & (s_lo <= ctx - 1) & (ctx - 1 < s_hi)
-    return q, k_new, v_new, owner, slot
-
-
-@triton.jit
-def _new_head(x_ptr, w_ptr, d, d_mask, partner, cos, sin, rs, eps, dt: tl.constexpr, HEAD_DIM: tl.constexpr,
-              HAS_NORM: tl.constexpr, ROW_SCALE: tl.constexpr):  # fmt: skip
-    """One head of the new token as a (BLOCK_D,) vector: row scale, norm and RoPE, rounded as _new_token
-    (a vector a head keeps a launch's registers for its tiles: DECODE_LATE_QK)."""
-    a = tl.load(x_ptr + d, mask=d_mask, other=0.0).to(tl.float32)
-    c = tl.load(x_ptr + partner, mask=d_mask, other=0.0).to(tl.float32)
-    if ROW_SCALE:
-        a = (a * rs).to(dt).to(tl.float32)
-        c = (c * rs).to(dt).to(tl.float32)
-    if HAS_NORM:
-        r = 1.0 / tl.sqrt(tl.sum(a * a, axis=0) / HEAD_DIM + eps)
-        wa = tl.load(w_ptr + d, mask=d_mask, other=0.0).to(tl.float32)
-        wc = tl.load(w_ptr + partner, mask=d_mask, other=0.0).to(tl.float32)
-        a = (wa * (a * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        c = (wc * (c * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-    return (a * cos + tl.where(d < HEAD_DIM // 2, -1.0, 1.0) * c * sin).to(dt)
-
-
-@triton.jit
-def _rope_rows(pos_ptr, cs_ptr, b, d, d_mask, HEAD_DIM: tl.constexpr):
-    """(partner, cos, sin) (BLOCK_D,) of the new token's position: `partner` is each lane's rotate-half
-    source d +- head_dim / 2."""
-    half = HEAD_DIM // 2
-    pos = tl.load(pos_ptr + b).to(tl.int64)
-    cos = tl.load(cs_ptr + pos * HEAD_DIM + d % half, mask=d_mask, other=0.0)
-    sin = tl.load(cs_ptr + pos * HEAD_DIM + half + d % half, mask=d_mask, other=0.0)
-    return (d + half) % HEAD_DIM, cos, sin
-
-
-@triton.jit
-def _q_heads(q_ptr, qw_ptr, b, kvh, g, d, d_mask, partner, cos, sin, rs, eps, stride_qb, stride_qh,
-             dt: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
-             BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr, ROW_SCALE: tl.constexpr, k_new=None):  # fmt: skip
-    """The new token's q of KV head kvh's GROUP query heads, a head at a time (_new_head): (BLOCK_G,
-    BLOCK_D) rows, or with k_new (BLOCK_D,) their base-2-unscaled scores against it (BLOCK_G,) float32."""
-    if k_new is None:
-        out = tl.zeros((BLOCK_G, BLOCK_D), dtype=dt)
-    else:
-        out = tl.zeros((BLOCK_G,), dtype=tl.float32)
-    for gi in tl.static_range(GROUP):
-        x = q_ptr + b.to(tl.int64) * stride_qb + (kvh * GROUP + gi) * stride_qh
-        row = _new_head(x, qw_ptr, d, d_mask, partner, cos, sin, rs, eps, dt, HEAD_DIM, HAS_NORM, ROW_SCALE)
-        if k_new is None:
-            out = tl.where((g == gi)[:, None], row[None, :], out)
-        else:
-            out = tl.where(g == gi, tl.sum(row.to(tl.float32) * k_new.to(tl.float32), axis=0), out)
-    return out
-
-
 @kernel
 def _decode_kernel(
     q_ptr,  # (batch, num_heads, head_dim), last dim contiguous
@@ -405,7 +308,6 @@ def _decode_kernel(
     ROW_SCALE: tl.constexpr,  # FUSE_QK: q, k and v times 1 / rms(h) first (NewTokenQK.row_scale)
     BLOCK_H: tl.constexpr,  # >= hidden (ROW_SCALE)
     BLOCK_T: tl.constexpr,  # > 0: the block-table row held in registers, >= its entries (DECODE_TABLE_REGS)
-    LATE: tl.constexpr,  # FUSE_QK, not PEEL: the new token's work in the first tile iteration
 ):
     """One (sequence, KV head, split) per program: grid (batch, num_kv_heads, NUM_SPLITS), or
     (num_kv_heads, batch, NUM_SPLITS) HEAD_MAJOR; ORDERED, the grid's batch index goes through order."""
@@ -440,25 +342,66 @@ def _decode_kernel(
         bt0 = block_tables_ptr + b.to(tl.int64) * stride_bt
         k0, v0, offs0 = _tile_kv(k_cache_ptr, v_cache_ptr, bt0, s_lo, s_hi, kvh, d, d_mask, NUM_KV_HEADS,
                                  HEAD_DIM, BLOCK_SIZE, BLOCK_N, True)  # fmt: skip
-    if FUSE_QK and not LATE:
-        q, k_new, v_new, owner, slot = _new_token(
-            q_ptr, q_rows, k_new_ptr, v_new_ptr, qw_ptr, kw_ptr, pos_ptr, cs_ptr, slot_ptr, h_ptr, b, kvh, d,
-            d_mask, gd_mask, ctx, s_lo, s_hi, stride_kb, stride_vb, stride_hb, hidden, eps, eps_h, HEAD_DIM,
-            HAS_NORM, ROW_SCALE, BLOCK_H, PDL,
-        )  # fmt: skip
+    if FUSE_QK:
+        # rounded exactly as kernels.qk_norm_rope: norm (to the dtype), times the weight (to the dtype),
+        # rotate in float32, round; `partner` is each lane's rotate-half source d +- head_dim / 2
+        half = HEAD_DIM // 2
+        partner = (d + half) % HEAD_DIM
+        sign = tl.where(d < half, -1.0, 1.0)[None, :]
+        pos = tl.load(pos_ptr + b).to(tl.int64)
+        cos = tl.load(cs_ptr + pos * HEAD_DIM + d % half, mask=d_mask, other=0.0)[None, :]
+        sin = tl.load(cs_ptr + pos * HEAD_DIM + half + d % half, mask=d_mask, other=0.0)[None, :]
+        dt = q_ptr.dtype.element_ty
+        pdl.wait(PDL)  # q, k and v come from the kernel before
+        qa = tl.load(q_rows + d[None, :], mask=gd_mask, other=0.0).to(tl.float32)
+        qb = tl.load(q_rows + partner[None, :], mask=gd_mask, other=0.0).to(tl.float32)
+        k_row = k_new_ptr + b.to(tl.int64) * stride_kb + kvh * HEAD_DIM
+        ka = tl.load(k_row + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]  # (1, BLOCK_D)
+        kb = tl.load(k_row + partner, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+        rs = 1.0
+        if ROW_SCALE:  # the layer's input RMSNorm (its weight folded into the projection), rounded to dt
+            rs = row_rstd(h_ptr, b, stride_hb, hidden, eps_h, BLOCK_H)
+            qa = (qa * rs).to(dt).to(tl.float32)
+            qb = (qb * rs).to(dt).to(tl.float32)
+            ka = (ka * rs).to(dt).to(tl.float32)
+            kb = (kb * rs).to(dt).to(tl.float32)
+        if HAS_NORM:
+            rq = 1.0 / tl.sqrt(tl.sum(qa * qa, axis=1) / HEAD_DIM + eps)[:, None]
+            wa = tl.load(qw_ptr + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+            wb = tl.load(qw_ptr + partner, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+            qa = (wa * (qa * rq).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            qb = (wb * (qb * rq).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            rk = 1.0 / tl.sqrt(tl.sum(ka * ka, axis=1) / HEAD_DIM + eps)[:, None]
+            ua = tl.load(kw_ptr + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+            ub = tl.load(kw_ptr + partner, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+            ka = (ua * (ka * rk).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            kb = (ub * (kb * rk).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        q = (qa * cos + sign * qb * sin).to(dt)  # (BLOCK_G, BLOCK_D)
         # the split holding the new position stores its K/V, then reads them back with the rest (PEEL:
         # takes them from registers into the first tile, already asked for)
+        slot = tl.load(slot_ptr + b).to(tl.int64)
+        owner = (slot >= 0) & (s_lo <= ctx - 1) & (ctx - 1 < s_hi)
         ct = k_cache_ptr.dtype.element_ty
-        dst = slot * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d
-        if owner:
-            tl.store(k_cache_ptr + dst, k_new.to(ct), mask=d_mask)
-            tl.store(v_cache_ptr + dst, v_new.to(ct), mask=d_mask)
-        tl.debug_barrier()  # a later tile of this split may read the stored row back
         if PEEL:
+            k_new = tl.sum((ka * cos + sign * kb * sin).to(dt), axis=0).to(ct)  # (BLOCK_D,)
+            v_new = _new_v(v_new_ptr, b, stride_vb, kvh, d, d_mask, rs, HEAD_DIM, ROW_SCALE).to(ct)
+            if owner:
+                dst = slot * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d
+                tl.store(k_cache_ptr + dst, k_new, mask=d_mask)
+                tl.store(v_cache_ptr + dst, v_new, mask=d_mask)
+            tl.debug_barrier()  # a later tile of this split may read the stored row back
             is_new = (offs0 == ctx - 1)[:, None]
-            k0 = tl.where(is_new, k_new.to(ct)[None, :], k0)
-            v0 = tl.where(is_new, v_new.to(ct)[None, :], v0)
-    elif not FUSE_QK:
+            k0 = tl.where(is_new, k_new[None, :], k0)
+            v0 = tl.where(is_new, v_new[None, :], v0)
+        else:
+            if owner:
+                k_new = tl.sum((ka * cos + sign * kb * sin).to(dt), axis=0)  # (BLOCK_D,)
+                v_new = _new_v(v_new_ptr, b, stride_vb, kvh, d, d_mask, rs, HEAD_DIM, ROW_SCALE)
+                dst = slot * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d
+                tl.store(k_cache_ptr + dst, k_new.to(ct), mask=d_mask)
+                tl.store(v_cache_ptr + dst, v_new.to(ct), mask=d_mask)
+            tl.debug_barrier()
+    else:
         pdl.wait(PDL)
         q = tl.load(q_rows + d[None, :], mask=gd_mask, other=0.0)  # (BLOCK_G, BLOCK_D)
     slopes = 0.0
@@ -482,76 +425,22 @@ def _decode_kernel(
     mid = first + tl.maximum(s_hi - first, 0) // BLOCK_N * BLOCK_N
     if ONE_LOOP:
         mid = first
+    for start in range(first, mid, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, s_hi, q_pos, kvh, d, d_mask,
+            scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
+            False, False, HAS_ALIBI, DOT_PREC,
+        )  # fmt: skip
     bt_regs = None
     if BLOCK_T > 0:
         t = tl.arange(0, BLOCK_T)
         bt_regs = tl.load(bt_row + t, mask=t < tl.cdiv(s_hi, BLOCK_SIZE), other=0)
-    if LATE:
-        # q first (without the row scale where a q norm cancels it); the row scale, k and v of the new
-        # token and q's score against the new key in the first iteration, while the tiles the software
-        # pipeline asked for before the loop are in flight. The tiles read only the keys cached before
-        # the step; the new key is folded in after the loop. A head at a time, in vectors: little of it
-        # stays in registers beside the tiles.
-        dt: tl.constexpr = q_ptr.dtype.element_ty
-        dv = tl.arange(0, BLOCK_D)  # the new token's vectors: one lane a value, not the tiles' layout
-        dv_mask = dv < HEAD_DIM
-        partner, cos, sin = _rope_rows(pos_ptr, cs_ptr, b, dv, dv_mask, HEAD_DIM)
-        pdl.wait(PDL)  # q, k and v come from the kernel before
-        q_scaled: tl.constexpr = ROW_SCALE and not HAS_NORM
-        rs_q = 1.0
-        if q_scaled:
-            rs_q = row_rstd(h_ptr, b, stride_hb, hidden, eps_h, BLOCK_H)
-        q = _q_heads(q_ptr, qw_ptr, b, kvh, g, dv, dv_mask, partner, cos, sin, rs_q, eps, stride_qb,
-                     stride_qh, dt, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D, HAS_NORM, q_scaled)  # fmt: skip
-        v_new = tl.zeros((BLOCK_D,), dtype=dt)
-        s_new = tl.zeros((BLOCK_G,), dtype=tl.float32)
-        slot = tl.load(slot_ptr + b).to(tl.int64)
-        owner = (slot >= 0) & (s_lo <= ctx - 1) & (ctx - 1 < s_hi)
-        cached = tl.minimum(s_hi, ctx - 1)
-        for start in range(s_lo, s_hi, BLOCK_N):
-            if start == s_lo:
-                rs = 1.0
-                if ROW_SCALE:
-                    rs = row_rstd(h_ptr, b, stride_hb, hidden, eps_h, BLOCK_H)
-                k_row = k_new_ptr + b.to(tl.int64) * stride_kb + kvh * HEAD_DIM
-                k_new = _new_head(k_row, kw_ptr, dv, dv_mask, partner, cos, sin, rs, eps, dt, HEAD_DIM,
-                                  HAS_NORM, ROW_SCALE)  # fmt: skip
-                v_new = _new_v(v_new_ptr, b, stride_vb, kvh, dv, dv_mask, rs, HEAD_DIM, ROW_SCALE)
-                ct = k_cache_ptr.dtype.element_ty
-                if owner:
-                    dst = slot * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + dv
-                    tl.store(k_cache_ptr + dst, k_new.to(ct), mask=dv_mask)
-                    tl.store(v_cache_ptr + dst, v_new.to(ct), mask=dv_mask)
-                s_new = _q_heads(q_ptr, qw_ptr, b, kvh, g, dv, dv_mask, partner, cos, sin, rs_q, eps,
-                                 stride_qb, stride_qh, dt, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D, HAS_NORM,
-                                 q_scaled, k_new.to(ct).to(dt))  # fmt: skip
-            acc, m_i, l_i = _attend_tile(
-                q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, cached, q_pos, kvh, d, d_mask,
-                scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
-                True, False, HAS_ALIBI, DOT_PREC, bt_regs, BLOCK_T,
-            )  # fmt: skip
-        if owner:  # the new key (no ALiBi bias at distance 0, always inside the window)
-            s_new = s_new * scale_log2
-            m_new = tl.maximum(m_i, s_new)
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s_new - m_new)
-            l_i = l_i * alpha + p
-            vn = v_new.to(v_cache_ptr.dtype.element_ty)
-            acc = acc * alpha[:, None] + p.to(vn.dtype).to(tl.float32)[:, None] * vn.to(tl.float32)[None, :]
-            m_i = m_new
-    else:
-        for start in range(first, mid, BLOCK_N):
-            acc, m_i, l_i = _attend_tile(
-                q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, s_hi, q_pos, kvh, d, d_mask,
-                scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
-                False, False, HAS_ALIBI, DOT_PREC,
-            )  # fmt: skip
-        for start in range(mid, s_hi, BLOCK_N):
-            acc, m_i, l_i = _attend_tile(
-                q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, s_hi, q_pos, kvh, d, d_mask,
-                scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
-                True, False, HAS_ALIBI, DOT_PREC, bt_regs, BLOCK_T,
-            )  # fmt: skip
+    for start in range(mid, s_hi, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, s_hi, q_pos, kvh, d, d_mask,
+            scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
+            True, False, HAS_ALIBI, DOT_PREC, bt_regs, BLOCK_T,
+        )  # fmt: skip
 
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # empty range (split past the end): zeros
     if NUM_SPLITS == 1:
@@ -690,15 +579,6 @@ DECODE_PEEL = True
 # 512 entries (8,192 tokens in 16-token blocks) keep the row at 4 registers a thread.
 DECODE_TABLE_REGS = True
 TABLE_REGS_MAX = 512
-# Fused decode launches that are not peeled (every batch past 1): the new token's row scale, k and v
-# (and q's score against its key) in the first iteration of the tile loop, after the software pipeline
-# has asked for the first tiles; q before the loop, without the row scale where a q norm cancels it
-# (exact up to rounding and the norm's eps); the tiles read only the keys cached before the step and the
-# new key is folded in after the loop. With the block table read per tile it was slower on the H200
-# (4,477 ms of W2's decode attention with (128, 4, 3) tiles against 4,051, commit 40f57c8); on top of
-# the register table (DECODE_TABLE_REGS, whose pipeline asks for two tiles before the loop) it is not
-# measured yet: 138 registers against 90 with (64, 4, 3) tiles on the CPU's triton 3.9
-DECODE_LATE_QK = False
 # software pipeline stages of a peeled launch: its other tiles (past 2,048 keys at 32 splits) are not
 # pipelined, so the peeled tile stays in registers without spills (triton 3.9 spills 40-48 bytes with
 # 3 stages, 3.6 none); W3 1,243 / 1,250 against 1,246 / 1,245 with 3 (H200, one machine session)
@@ -1097,7 +977,6 @@ def decode_launch(
         stages = PEEL_STAGES
         if key == "16bit":
             block_n, warps = PEEL_TILE
-    late = DECODE_LATE_QK and nt is not None and not peel
     fused_reduce = fused_reduce and num_splits > 1 and b * hk <= _MAX_COUNTERS
     if num_splits > 1:
         part_out = torch.empty((b, h, num_splits, d), dtype=torch.float32, device=q.device)
@@ -1130,7 +1009,6 @@ def decode_launch(
         ORDERED=order is not None, PDL=b == 1 and pdl.enabled(q.device),
         PEEL=peel, ROW_SCALE=hs is not None, BLOCK_H=next_pow2(hs.shape[1]) if hs is not None else 1,
         BLOCK_T=block_t,
-        LATE=late,
     )  # fmt: skip
     partials = (part_out, part_lse) if num_splits > 1 and not fused_reduce else None
     return DecodeLaunch(args, consts, (b, hk, num_splits), out, warps, stages, partials)

@@ -64,16 +64,13 @@ def _fused(q, k, v, wq, wk, pos, cs, kc, vc, bt, sl, slots, window=None, **kw):
 @pytest.mark.parametrize("one_loop", [False, True])
 @pytest.mark.parametrize("peel", [False, True])
 @pytest.mark.parametrize("table", [False, True])
-@pytest.mark.parametrize("late", [False, True])
-def test_fused_decode_matches_reference(dtype, num_splits, norm, one_loop, peel, table, late, monkeypatch):
+def test_fused_decode_matches_reference(dtype, num_splits, norm, one_loop, peel, table, monkeypatch):
     """peel (split launches at batch 1): each split's first tile asked for before the new token's work,
     the new row patched in from registers; 70 keys in 3 splits of 16-key tiles run a peeled tile and a
-    loop. table: the block-table row held in registers, else read per tile. late (launches not peeled):
-    the new token's work in the first tile iteration, its key folded in after the loop."""
+    loop."""
     monkeypatch.setattr(paged_attention, "DECODE_ONE_LOOP", one_loop)
     monkeypatch.setattr(paged_attention, "DECODE_PEEL", peel)
-    monkeypatch.setattr(paged_attention, "DECODE_TABLE_REGS", table)
-    monkeypatch.setattr(paged_attention, "DECODE_LATE_QK", late)
+    monkeypatch.setattr(paged_attention, "DECODE_TABLE_REGS", table)  # the row held or read per tile
     ctx = [70] if peel else [37, 5, 70]
     case = _case(dtype, ctx, norm=norm)
     out, kc, vc = _fused(*case, num_splits=num_splits)
@@ -96,21 +93,6 @@ def test_fused_decode_window_and_padding_row(dtype, one_loop, peel, monkeypatch)
     want, kc_ref, vc_ref = _reference(*case, window=9)
     assert max_err(out, want) < ATOL[dtype]
     assert peel or torch.all(out[1] == 0)
-    assert max_err(kc, kc_ref) < ATOL[dtype] and torch.equal(vc, vc_ref)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("num_splits", [1, 2, 3])
-@pytest.mark.parametrize("late", [False, True])
-def test_fused_decode_new_key_at_tile_edges(dtype, num_splits, late, monkeypatch):
-    """New positions on a tile's first key (16, 32), the last (15), alone (0, 1) and in the last split
-    of several: the late launch's cached tiles end before the new key, which it folds in after them."""
-    monkeypatch.setattr(paged_attention, "DECODE_LATE_QK", late)
-    ctx = [17, 1, 33, 2, 16, 48]
-    case = _case(dtype, ctx)
-    out, kc, vc = _fused(*case, num_splits=num_splits)
-    want, kc_ref, vc_ref = _reference(*case)
-    assert max_err(out, want) < ATOL[dtype]
     assert max_err(kc, kc_ref) < ATOL[dtype] and torch.equal(vc, vc_ref)
 
 
