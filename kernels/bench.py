@@ -461,8 +461,7 @@ def sweep_ragged(dtype, device, timer: Timer, tiny: bool) -> None:
     del stream
     print("# ragged decode: num_splits -> us (GB/s of K/V read)")
     gen = torch.Generator().manual_seed(0)
-    # the wide launches' tile: with the block-table row in registers or read per tile
-    wide = "16bit_wide_table" if pa.DECODE_TABLE_REGS else "16bit_wide"
+    wide = pa.wide_config_key(pa.DECODE_TABLE_REGS)  # the sweep's tables fit TABLE_REGS_MAX
     key = "interpret" if device.type == "cpu" else ("fp32" if dtype == torch.float32 else wide)
     defaults = pa.DECODE_HEAD_MAJOR, pa.DECODE_CONFIGS[key]
 

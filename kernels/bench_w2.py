@@ -76,8 +76,9 @@ def engine_tables(tiny: bool) -> tuple[list[list[int]], int]:
 
 def _batch(ctx: list[int], rows: list[int], layout: str, pool, dtype, device, gen: torch.Generator, eng,
            new_token: str = "fused"):  # fmt: skip
-    """q, block tables (`layout`), seq_lens and the new token of one step (NewTokenQK, or None for
-    `none`); rows: the W2 sequences still decoding."""
+    """q, block tables (`layout`), seq_lens, the new token of one step (NewTokenQK, or None for `none`)
+    and whether its work runs as a launch of its own (`separate`); rows: the W2 sequences still
+    decoding."""
     k_cache, v_cache = pool
     per_seq = -(-max(ctx) // BLOCK_SIZE)
     if layout == "shuffled":
@@ -92,21 +93,18 @@ def _batch(ctx: list[int], rows: list[int], layout: str, pool, dtype, device, ge
     if new_token == "folded":
         hidden = _randn(len(ctx), HIDDEN, dtype=dtype, device=device)
         new = new._replace(row_scale=hidden, row_eps=1e-6)
-    if new_token == "separate":
-        return q, tables, seq_lens, ("separate", new)
-    return q, tables, seq_lens, (None if new_token == "none" else new)
+    return q, tables, seq_lens, (None if new_token == "none" else new), new_token == "separate"
 
 
-def _attend(q, pool, tables, seq_lens, new, order, bound):
-    """One step's decode attention as the mode of `new` runs it: NewTokenQK or None through the launch,
-    ("separate", NewTokenQK) as qk_norm_rope_store_kv's launch and then the attention over the cache."""
+def _attend(q, pool, tables, seq_lens, new, separate: bool, order, bound):
+    """One step's decode attention: the new token's work (NewTokenQK, or None) in the launch, or with
+    `separate` as qk_norm_rope_store_kv's launch and then the attention over the cache."""
     from kernels import paged_attention as pa
     from kernels.qk_norm_rope import qk_norm_rope_store_kv
 
-    if isinstance(new, tuple) and new and new[0] == "separate":
-        nt = new[1]
-        qk_norm_rope_store_kv(q, nt.k, nt.v, nt.q_norm_weight, nt.k_norm_weight, nt.eps, nt.positions,
-                              nt.cos_sin, pool[0], pool[1], nt.slot_mapping)  # fmt: skip
+    if separate:
+        qk_norm_rope_store_kv(q, new.k, new.v, new.q_norm_weight, new.k_norm_weight, new.eps, new.positions,
+                              new.cos_sin, pool[0], pool[1], new.slot_mapping)  # fmt: skip
         new = None
     return pa.paged_decode_attention(
         q, pool[0], pool[1], tables, seq_lens, HEAD_DIM**-0.5, max_seq_len=bound, new_token=new, order=order
@@ -155,11 +153,11 @@ def _replay(configs, keys, batches, pool, stride: int, timer: Timer, device) -> 
         for k in keys:  # the wide steps' tile and the split steps' alike
             pa.DECODE_CONFIGS[k] = cfg
         total, cells = 0.0, []
-        for t, ctx, (q, tables, seq_lens, new) in batches:
+        for t, ctx, (q, tables, seq_lens, new, separate) in batches:
             order = pa.longest_first(seq_lens) if pa.wants_order(len(ctx), NUM_KV_HEADS, device) else None
             bound = tables.shape[1] * BLOCK_SIZE
-            fn = lambda q=q, tb=tables, sl=seq_lens, nt=new, o=order, m=bound: _attend(
-                q, pool, tb, sl, nt, o, m
+            fn = lambda q=q, tb=tables, sl=seq_lens, nt=new, sep=separate, o=order, m=bound: _attend(
+                q, pool, tb, sl, nt, sep, o, m
             )
             sec = timer.graph(fn) or timer.eager(fn)
             nbytes = sum(ctx) * NUM_KV_HEADS * HEAD_DIM * 2 * pool[0].element_size()

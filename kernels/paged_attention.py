@@ -31,13 +31,12 @@ def _tile_offsets(bt_row, start, hi, kvh, d, d_mask, NUM_KV_HEADS: tl.constexpr,
     through the block table (MASKED: keys >= hi masked); BLOCK_T > 0: its row already in registers
     (bt_regs (BLOCK_T,)), so the cache addresses wait for no load of the tile's own."""
     offs_n = start + tl.arange(0, BLOCK_N)
-    if BLOCK_T > 0:
+    if MASKED or BLOCK_T > 0:
         n_mask = offs_n < hi
-        blk = tl.gather(bt_regs, tl.minimum(offs_n // BLOCK_SIZE, BLOCK_T - 1), 0).to(tl.int64)
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-    elif MASKED:
-        n_mask = offs_n < hi
-        blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        if BLOCK_T > 0:
+            blk = tl.gather(bt_regs, tl.minimum(offs_n // BLOCK_SIZE, BLOCK_T - 1), 0).to(tl.int64)
+        else:
+            blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
         kv_mask = n_mask[:, None] & d_mask[None, :]
     else:
         blk = tl.load(bt_row + offs_n // BLOCK_SIZE).to(tl.int64)
@@ -624,6 +623,11 @@ def _wide(batch: int, num_kv_heads: int, device: torch.device) -> bool:
     return batch * num_kv_heads >= _sm_count(device)
 
 
+def wide_config_key(table_regs: bool) -> str:
+    """DECODE_CONFIGS' key of a 16-bit wide launch, its block-table row in registers or read per tile."""
+    return "16bit_wide_table" if table_regs else "16bit_wide"
+
+
 def _config_key(q: torch.Tensor) -> str:
     return _config_key_for(q.dtype, q.device)
 
@@ -971,7 +975,7 @@ def decode_launch(
     table_regs = DECODE_TABLE_REGS and DECODE_ONE_LOOP and not peel and table_entries <= TABLE_REGS_MAX
     block_t = table_entries if table_regs else 0
     if key == "16bit" and wide:
-        key = "16bit_wide_table" if table_regs else "16bit_wide"
+        key = wide_config_key(table_regs)
     block_n, warps, stages = DECODE_CONFIGS[key]
     if peel:
         stages = PEEL_STAGES

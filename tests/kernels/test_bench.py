@@ -115,9 +115,9 @@ def test_w2_replay_separate_equals_fused():
     seq_lens = torch.tensor(ctx, dtype=torch.int32)
     q, new = _new_token(seq_lens, tables, torch.float32, torch.device("cpu"))
     runs = []
-    for mode in (new, ("separate", new)):
+    for separate in (False, True):
         caches = tuple(t.clone() for t in pool)
-        out = bench_w2._attend(q.clone(), caches, tables, seq_lens, mode, None, per_seq * BLOCK_SIZE)
+        out = bench_w2._attend(q.clone(), caches, tables, seq_lens, new, separate, None, per_seq * BLOCK_SIZE)
         runs.append((out, *caches))
     for a, b in zip(*runs, strict=True):
         assert (a - b).abs().max().item() < 2e-5

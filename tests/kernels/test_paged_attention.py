@@ -142,7 +142,8 @@ def test_decode_matches_reference(dtype, block_size, num_splits, table, monkeypa
     out, args = _decode(dtype, block_size, DECODE_CTX, num_splits)
     assert max_err(out, ref.decode_attention(*args)) < ATOL[dtype]
     launch = pa.decode_launch(*args[:6], num_splits=num_splits)
-    assert launch.consts["BLOCK_T"] == (pa.next_pow2(args[3].shape[1]) if table else 0)
+    block_t = launch.consts["BLOCK_T"]  # the row's entries held in registers, 0 when read per tile
+    assert block_t >= args[3].shape[1] if table else block_t == 0
 
 
 def test_decode_table_wider_than_registers_reads_it_per_tile(monkeypatch):
