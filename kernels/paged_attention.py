@@ -307,6 +307,9 @@ def _decode_kernel(
     ROW_SCALE: tl.constexpr,  # FUSE_QK: q, k and v times 1 / rms(h) first (NewTokenQK.row_scale)
     BLOCK_H: tl.constexpr,  # >= hidden (ROW_SCALE)
     BLOCK_T: tl.constexpr,  # > 0: the block-table row held in registers, >= its entries (DECODE_TABLE_REGS)
+    TABLE_FIRST: tl.constexpr,  # BLOCK_T > 0: the row read before the new token's work (DECODE_TABLE_FIRST)
+    NORM_CANCELS: tl.constexpr,  # ROW_SCALE and HAS_NORM: q and k skip the row scale (DECODE_NORM_CANCELS)
+    NEW_KEY_REGS: tl.constexpr,  # FUSE_QK, not PEEL: the new key folded in last (DECODE_NEW_KEY_REGS)
 ):
     """One (sequence, KV head, split) per program: grid (batch, num_kv_heads, NUM_SPLITS), or
     (num_kv_heads, batch, NUM_SPLITS) HEAD_MAJOR; ORDERED, the grid's batch index goes through order."""
@@ -337,6 +340,11 @@ def _decode_kernel(
     d_mask = d < HEAD_DIM
     gd_mask = g_mask[:, None] & d_mask[None, :]
     q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh  # (BLOCK_G, 1)
+    bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+    bt_regs = None
+    if BLOCK_T > 0 and TABLE_FIRST:  # written before the step: no wait for the kernel before
+        t = tl.arange(0, BLOCK_T)
+        bt_regs = tl.load(bt_row + t, mask=t < tl.cdiv(s_hi, BLOCK_SIZE), other=0)
     if PEEL:  # the first tile's K/V asked for before the new token's q/k work (they do not depend on it)
         bt0 = block_tables_ptr + b.to(tl.int64) * stride_bt
         k0, v0, offs0 = _tile_kv(k_cache_ptr, v_cache_ptr, bt0, s_lo, s_hi, kvh, d, d_mask, NUM_KV_HEADS,
@@ -358,7 +366,9 @@ def _decode_kernel(
         ka = tl.load(k_row + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]  # (1, BLOCK_D)
         kb = tl.load(k_row + partner, mask=d_mask, other=0.0).to(tl.float32)[None, :]
         rs = 1.0
-        if ROW_SCALE:  # the layer's input RMSNorm (its weight folded into the projection), rounded to dt
+        if ROW_SCALE and NORM_CANCELS:  # only v takes it: q and k are normalized next
+            rs = row_rstd(h_ptr, b, stride_hb, hidden, eps_h, BLOCK_H)
+        elif ROW_SCALE:  # the layer's input RMSNorm (its weight folded into the projection), rounded to dt
             rs = row_rstd(h_ptr, b, stride_hb, hidden, eps_h, BLOCK_H)
             qa = (qa * rs).to(dt).to(tl.float32)
             qb = (qb * rs).to(dt).to(tl.float32)
@@ -392,6 +402,17 @@ def _decode_kernel(
             is_new = (offs0 == ctx - 1)[:, None]
             k0 = tl.where(is_new, k_new[None, :], k0)
             v0 = tl.where(is_new, v_new[None, :], v0)
+        elif NEW_KEY_REGS:
+            # the tiles read the keys cached before the step; the new key's score now, its value kept
+            # for the fold after the loop (no store read back, no barrier before the tiles)
+            k_new = tl.sum((ka * cos + sign * kb * sin).to(dt), axis=0).to(ct)  # (BLOCK_D,)
+            v_new = _new_v(v_new_ptr, b, stride_vb, kvh, d, d_mask, rs, HEAD_DIM, ROW_SCALE).to(ct)
+            if owner:
+                dst = slot * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d
+                tl.store(k_cache_ptr + dst, k_new, mask=d_mask)
+                tl.store(v_cache_ptr + dst, v_new, mask=d_mask)
+            s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], axis=1)  # (BLOCK_G,)
+            s_new = s_new * scale_log2
         else:
             if owner:
                 k_new = tl.sum((ka * cos + sign * kb * sin).to(dt), axis=0)  # (BLOCK_D,)
@@ -412,7 +433,6 @@ def _decode_kernel(
     m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)
-    bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
     first = s_lo
     if PEEL:
         acc, m_i, l_i = _fold_tile(q, acc, m_i, l_i, k0, v0, offs0, s_hi, q_pos, scale_log2, slopes, window,
@@ -421,25 +441,35 @@ def _decode_kernel(
     # the window is already applied through s_lo: whole tiles unmasked, then the ragged last one (or,
     # ONE_LOOP, all tiles masked in one software pipeline, so the ragged tile's loads are not issued
     # only after the whole tiles are done)
-    mid = first + tl.maximum(s_hi - first, 0) // BLOCK_N * BLOCK_N
+    hi = s_hi
+    if NEW_KEY_REGS:
+        hi = tl.minimum(s_hi, ctx - 1)
+    mid = first + tl.maximum(hi - first, 0) // BLOCK_N * BLOCK_N
     if ONE_LOOP:
         mid = first
     for start in range(first, mid, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, s_hi, q_pos, kvh, d, d_mask,
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, hi, q_pos, kvh, d, d_mask,
             scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
             False, False, HAS_ALIBI, DOT_PREC,
         )  # fmt: skip
-    bt_regs = None
-    if BLOCK_T > 0:
+    if BLOCK_T > 0 and not TABLE_FIRST:
         t = tl.arange(0, BLOCK_T)
         bt_regs = tl.load(bt_row + t, mask=t < tl.cdiv(s_hi, BLOCK_SIZE), other=0)
-    for start in range(mid, s_hi, BLOCK_N):
+    for start in range(mid, hi, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, s_hi, q_pos, kvh, d, d_mask,
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, hi, q_pos, kvh, d, d_mask,
             scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
             True, False, HAS_ALIBI, DOT_PREC, bt_regs, BLOCK_T,
         )  # fmt: skip
+    if NEW_KEY_REGS:  # noqa: SIM102
+        if owner:  # the new key: distance 0 (no ALiBi bias), inside any window
+            m_new = tl.maximum(m_i, s_new)
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s_new - m_new)
+            l_i = l_i * alpha + p
+            acc = acc * alpha[:, None] + p.to(ct).to(tl.float32)[:, None] * v_new.to(tl.float32)[None, :]
+            m_i = m_new
 
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # empty range (split past the end): zeros
     if NUM_SPLITS == 1:
@@ -578,6 +608,9 @@ DECODE_PEEL = True
 # 512 entries (8,192 tokens in 16-token blocks) keep the row at 4 registers a thread.
 DECODE_TABLE_REGS = True
 TABLE_REGS_MAX = 512
+DECODE_TABLE_FIRST = False
+DECODE_NORM_CANCELS = False
+DECODE_NEW_KEY_REGS = False
 # software pipeline stages of a peeled launch: its other tiles (past 2,048 keys at 32 splits) are not
 # pipelined, so the peeled tile stays in registers without spills (triton 3.9 spills 40-48 bytes with
 # 3 stages, 3.6 none); W3 1,243 / 1,250 against 1,246 / 1,245 with 3 (H200, one machine session)
@@ -1013,6 +1046,9 @@ def decode_launch(
         ORDERED=order is not None, PDL=b == 1 and pdl.enabled(q.device),
         PEEL=peel, ROW_SCALE=hs is not None, BLOCK_H=next_pow2(hs.shape[1]) if hs is not None else 1,
         BLOCK_T=block_t,
+        TABLE_FIRST=DECODE_TABLE_FIRST,
+        NORM_CANCELS=DECODE_NORM_CANCELS and hs is not None and has_norm,
+        NEW_KEY_REGS=DECODE_NEW_KEY_REGS and nt is not None and not peel,
     )  # fmt: skip
     partials = (part_out, part_lse) if num_splits > 1 and not fused_reduce else None
     return DecodeLaunch(args, consts, (b, hk, num_splits), out, warps, stages, partials)
