@@ -307,9 +307,7 @@ def _decode_kernel(
     ROW_SCALE: tl.constexpr,  # FUSE_QK: q, k and v times 1 / rms(h) first (NewTokenQK.row_scale)
     BLOCK_H: tl.constexpr,  # >= hidden (ROW_SCALE)
     BLOCK_T: tl.constexpr,  # > 0: the block-table row held in registers, >= its entries (DECODE_TABLE_REGS)
-    TABLE_FIRST: tl.constexpr,  # BLOCK_T > 0: the row read before the new token's work (DECODE_TABLE_FIRST)
     NORM_CANCELS: tl.constexpr,  # ROW_SCALE and HAS_NORM: q and k skip the row scale (DECODE_NORM_CANCELS)
-    NEW_KEY_REGS: tl.constexpr,  # FUSE_QK, not PEEL: the new key folded in last (DECODE_NEW_KEY_REGS)
 ):
     """One (sequence, KV head, split) per program: grid (batch, num_kv_heads, NUM_SPLITS), or
     (num_kv_heads, batch, NUM_SPLITS) HEAD_MAJOR; ORDERED, the grid's batch index goes through order."""
@@ -342,7 +340,7 @@ def _decode_kernel(
     q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh  # (BLOCK_G, 1)
     bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
     bt_regs = None
-    if BLOCK_T > 0 and TABLE_FIRST:  # written before the step: no wait for the kernel before
+    if BLOCK_T > 0:  # written before the step: read before the wait and the new token's work
         t = tl.arange(0, BLOCK_T)
         bt_regs = tl.load(bt_row + t, mask=t < tl.cdiv(s_hi, BLOCK_SIZE), other=0)
     if PEEL:  # the first tile's K/V asked for before the new token's q/k work (they do not depend on it)
@@ -402,17 +400,6 @@ def _decode_kernel(
             is_new = (offs0 == ctx - 1)[:, None]
             k0 = tl.where(is_new, k_new[None, :], k0)
             v0 = tl.where(is_new, v_new[None, :], v0)
-        elif NEW_KEY_REGS:
-            # the tiles read the keys cached before the step; the new key's score now, its value kept
-            # for the fold after the loop (no store read back, no barrier before the tiles)
-            k_new = tl.sum((ka * cos + sign * kb * sin).to(dt), axis=0).to(ct)  # (BLOCK_D,)
-            v_new = _new_v(v_new_ptr, b, stride_vb, kvh, d, d_mask, rs, HEAD_DIM, ROW_SCALE).to(ct)
-            if owner:
-                dst = slot * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d
-                tl.store(k_cache_ptr + dst, k_new, mask=d_mask)
-                tl.store(v_cache_ptr + dst, v_new, mask=d_mask)
-            s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], axis=1)  # (BLOCK_G,)
-            s_new = s_new * scale_log2
         else:
             if owner:
                 k_new = tl.sum((ka * cos + sign * kb * sin).to(dt), axis=0)  # (BLOCK_D,)
@@ -441,35 +428,21 @@ def _decode_kernel(
     # the window is already applied through s_lo: whole tiles unmasked, then the ragged last one (or,
     # ONE_LOOP, all tiles masked in one software pipeline, so the ragged tile's loads are not issued
     # only after the whole tiles are done)
-    hi = s_hi
-    if NEW_KEY_REGS:
-        hi = tl.minimum(s_hi, ctx - 1)
-    mid = first + tl.maximum(hi - first, 0) // BLOCK_N * BLOCK_N
+    mid = first + tl.maximum(s_hi - first, 0) // BLOCK_N * BLOCK_N
     if ONE_LOOP:
         mid = first
     for start in range(first, mid, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, hi, q_pos, kvh, d, d_mask,
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, s_hi, q_pos, kvh, d, d_mask,
             scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
             False, False, HAS_ALIBI, DOT_PREC,
         )  # fmt: skip
-    if BLOCK_T > 0 and not TABLE_FIRST:
-        t = tl.arange(0, BLOCK_T)
-        bt_regs = tl.load(bt_row + t, mask=t < tl.cdiv(s_hi, BLOCK_SIZE), other=0)
-    for start in range(mid, hi, BLOCK_N):
+    for start in range(mid, s_hi, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, hi, q_pos, kvh, d, d_mask,
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, s_hi, q_pos, kvh, d, d_mask,
             scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
             True, False, HAS_ALIBI, DOT_PREC, bt_regs, BLOCK_T,
         )  # fmt: skip
-    if NEW_KEY_REGS:  # noqa: SIM102
-        if owner:  # the new key: distance 0 (no ALiBi bias), inside any window
-            m_new = tl.maximum(m_i, s_new)
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s_new - m_new)
-            l_i = l_i * alpha + p
-            acc = acc * alpha[:, None] + p.to(ct).to(tl.float32)[:, None] * v_new.to(tl.float32)[None, :]
-            m_i = m_new
 
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # empty range (split past the end): zeros
     if NUM_SPLITS == 1:
@@ -608,9 +581,14 @@ DECODE_PEEL = True
 # 512 entries (8,192 tokens in 16-token blocks) keep the row at 4 registers a thread.
 DECODE_TABLE_REGS = True
 TABLE_REGS_MAX = 512
-DECODE_TABLE_FIRST = False
-DECODE_NORM_CANCELS = False
-DECODE_NEW_KEY_REGS = False
+# Folded 16-bit models with a q/k norm: the fused decode launch multiplies only v by the row scale
+# (1 / rms of the residual row), since q's and k's RMSNorm cancel it (exact but for the norm's eps and
+# one rounding to the dtype), so q's and k's norms wait on no reduction of the residual row. With the
+# block-table row read before the new token's work (not after it), H200, `python -m kernels.bench_w2
+# --new-token folded --layouts engine --configs 64,4,3`: W2's decode attention 3,932 ms against
+# 3,954 / 3,963 without either, 3,943 with the table read first alone, 3,939 with this alone; W2 26,904
+# tok/s against 26,782 (one machine session), 27,045 in the next.
+DECODE_NORM_CANCELS = True
 # software pipeline stages of a peeled launch: its other tiles (past 2,048 keys at 32 splits) are not
 # pipelined, so the peeled tile stays in registers without spills (triton 3.9 spills 40-48 bytes with
 # 3 stages, 3.6 none); W3 1,243 / 1,250 against 1,246 / 1,245 with 3 (H200, one machine session)
@@ -1046,9 +1024,7 @@ def decode_launch(
         ORDERED=order is not None, PDL=b == 1 and pdl.enabled(q.device),
         PEEL=peel, ROW_SCALE=hs is not None, BLOCK_H=next_pow2(hs.shape[1]) if hs is not None else 1,
         BLOCK_T=block_t,
-        TABLE_FIRST=DECODE_TABLE_FIRST,
-        NORM_CANCELS=DECODE_NORM_CANCELS and hs is not None and has_norm,
-        NEW_KEY_REGS=DECODE_NEW_KEY_REGS and nt is not None and not peel,
+        NORM_CANCELS=DECODE_NORM_CANCELS and hs is not None and has_norm and q.dtype != torch.float32,
     )  # fmt: skip
     partials = (part_out, part_lse) if num_splits > 1 and not fused_reduce else None
     return DecodeLaunch(args, consts, (b, hk, num_splits), out, warps, stages, partials)

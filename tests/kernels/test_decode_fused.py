@@ -99,10 +99,13 @@ def test_fused_decode_window_and_padding_row(dtype, one_loop, peel, monkeypatch)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("norm", [True, False])
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_fused_decode_row_scale(dtype, norm, num_splits):
+@pytest.mark.parametrize("cancels", [False, True])
+def test_fused_decode_row_scale(dtype, norm, num_splits, cancels, monkeypatch):
     """q/k/v of a qkv projection that read the residual stream without its RMSNorm (the norm's weight
     folded into the projection): the launch multiplies them by 1 / rms(h's row) first, as
-    reference.row_scaled, before the q/k norm, RoPE, store and attention."""
+    reference.row_scaled, before the q/k norm, RoPE, store and attention. cancels (16-bit with a q/k
+    norm): only v takes the scale, which the q/k norm cancels, within the dtype's tolerance."""
+    monkeypatch.setattr(paged_attention, "DECODE_NORM_CANCELS", cancels)
     ctx = [37, 5, 70]
     q, k, v, wq, wk, pos, cs, kc, vc, bt, sl, slots = _case(dtype, ctx, norm=norm)
     gen = torch.Generator().manual_seed(9)
