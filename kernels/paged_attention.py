@@ -26,15 +26,19 @@ LOG2E = 1.4426950408889634
 @triton.jit
 def _tile_offsets(bt_row, start, hi, kvh, d, d_mask, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                   BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, bt_regs=None,
-                  BLOCK_T: tl.constexpr = 0):  # fmt: skip
+                  BLOCK_T: tl.constexpr = 0, t0=None):  # fmt: skip
     """(positions (BLOCK_N,), cache offsets and mask (BLOCK_N, BLOCK_D)) of keys [start, start + BLOCK_N)
     through the block table (MASKED: keys >= hi masked); BLOCK_T > 0: its row already in registers
-    (bt_regs (BLOCK_T,)), so the cache addresses wait for no load of the tile's own."""
+    (bt_regs (BLOCK_T,): entries t0, t0 + 1, ... of it, or from the first without t0), so the cache
+    addresses wait for no load of the tile's own."""
     offs_n = start + tl.arange(0, BLOCK_N)
     if MASKED or BLOCK_T > 0:
         n_mask = offs_n < hi
         if BLOCK_T > 0:
-            blk = tl.gather(bt_regs, tl.minimum(offs_n // BLOCK_SIZE, BLOCK_T - 1), 0).to(tl.int64)
+            entry = offs_n // BLOCK_SIZE
+            if t0 is not None:
+                entry = tl.maximum(entry - t0, 0)
+            blk = tl.gather(bt_regs, tl.minimum(entry, BLOCK_T - 1), 0).to(tl.int64)
         else:
             blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
         kv_mask = n_mask[:, None] & d_mask[None, :]
@@ -95,11 +99,12 @@ def _attend_tile(
     DOT_PREC: tl.constexpr,
     bt_regs=None,
     BLOCK_T: tl.constexpr = 0,
+    t0=None,
 ):
     """One BLOCK_N tile of keys folded into the online softmax, its values asked for once the scores are
     computed (a helper: interpreted or compiled with its caller, see kernels._jit)."""
     offs_n, kv_off, kv_mask = _tile_offsets(bt_row, start, hi, kvh, d, d_mask, NUM_KV_HEADS, HEAD_DIM,
-                                            BLOCK_SIZE, BLOCK_N, MASKED, bt_regs, BLOCK_T)  # fmt: skip
+                                            BLOCK_SIZE, BLOCK_N, MASKED, bt_regs, BLOCK_T, t0)  # fmt: skip
     k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
     p, alpha, m_new, l_i = _softmax_step(q, k, m_i, l_i, offs_n, hi, q_pos, scale_log2, slope, window, MASKED,
                                          HAS_WINDOW, HAS_ALIBI, DOT_PREC)  # fmt: skip
@@ -306,7 +311,8 @@ def _decode_kernel(
     PEEL: tl.constexpr,  # FUSE_QK: the first tile asked for before the new token's work (DECODE_PEEL)
     ROW_SCALE: tl.constexpr,  # FUSE_QK: q, k and v times 1 / rms(h) first (NewTokenQK.row_scale)
     BLOCK_H: tl.constexpr,  # >= hidden (ROW_SCALE)
-    BLOCK_T: tl.constexpr,  # > 0: the block-table row held in registers, >= its entries (DECODE_TABLE_REGS)
+    BLOCK_T: tl.constexpr,  # > 0: the block-table row held in registers (DECODE_TABLE_REGS)
+    TABLE_PART: tl.constexpr,  # BLOCK_T < the row's width: BLOCK_T entries from the split's first block
     NORM_CANCELS: tl.constexpr,  # ROW_SCALE and HAS_NORM: q and k skip the row scale (DECODE_NORM_CANCELS)
 ):
     """One (sequence, KV head, split) per program: grid (batch, num_kv_heads, NUM_SPLITS), or
@@ -340,8 +346,12 @@ def _decode_kernel(
     q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh  # (BLOCK_G, 1)
     bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
     bt_regs = None
+    t0 = None
     if BLOCK_T > 0:  # written before the step: read before the wait and the new token's work
         t = tl.arange(0, BLOCK_T)
+        if TABLE_PART:
+            t0 = s_lo // BLOCK_SIZE
+            t = t0 + t
         bt_regs = tl.load(bt_row + t, mask=t < tl.cdiv(s_hi, BLOCK_SIZE), other=0)
     if PEEL:  # the first tile's K/V asked for before the new token's q/k work (they do not depend on it)
         bt0 = block_tables_ptr + b.to(tl.int64) * stride_bt
@@ -437,12 +447,25 @@ def _decode_kernel(
             scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
             False, False, HAS_ALIBI, DOT_PREC,
         )  # fmt: skip
-    for start in range(mid, s_hi, BLOCK_N):
+    reg_hi = s_hi  # TABLE_PART: the whole tiles whose blocks the register row holds end at reg_hi
+    if TABLE_PART:
+        reg_hi = mid + ((t0 + BLOCK_T) * BLOCK_SIZE - mid) // BLOCK_N * BLOCK_N
+    reg_end = s_hi
+    if TABLE_PART:
+        reg_end = tl.minimum(reg_hi, s_hi)
+    for start in range(mid, reg_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, s_hi, q_pos, kvh, d, d_mask,
             scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
-            True, False, HAS_ALIBI, DOT_PREC, bt_regs, BLOCK_T,
+            True, False, HAS_ALIBI, DOT_PREC, bt_regs, BLOCK_T, t0,
         )  # fmt: skip
+    if TABLE_PART:  # a split longer than the row's BLOCK_T blocks: the rest read per tile
+        for start in range(reg_hi, s_hi, BLOCK_N):
+            acc, m_i, l_i = _attend_tile(
+                q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, s_hi, q_pos, kvh, d, d_mask,
+                scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
+                True, False, HAS_ALIBI, DOT_PREC,
+            )  # fmt: skip
 
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # empty range (split past the end): zeros
     if NUM_SPLITS == 1:
@@ -568,8 +591,8 @@ DECODE_LONGEST_FIRST = True
 # (one machine session); before it, when nothing overlapped the launch's start, 1,175 against 1,209
 DECODE_PEEL = True
 
-# Decode launches that are not peeled, their block table no wider than TABLE_REGS_MAX entries: each
-# program reads its sequence's block-table row into registers once and every tile gathers its blocks
+# Decode launches that are not peeled: each program reads its sequence's block-table row (up to
+# TABLE_REGS_MAX entries of it) into registers once and every tile gathers its blocks
 # from there, so a tile's K/V addresses wait for no load of the loop's own and Triton's software
 # pipeline double-buffers the tiles (K/V of the next tile in flight while a tile is folded in); read per
 # tile, the addresses wait on that tile's block-table load and the pipeline keeps one buffer a tile and
@@ -578,7 +601,9 @@ DECODE_PEEL = True
 # against 3,999 read per tile with (128, 4, 3), the cache walked alone 3,696 against 3,870 (4.2-4.3
 # TB/s from batch 99 up, a streaming read's rate); 128-key tiles take 139 KB of shared memory doubled
 # (one program an SM: 4,999 ms). W2 27,229 tok/s against 26,765, W1 22,852 (one machine session).
-# 512 entries (8,192 tokens in 16-token blocks) keep the row at 4 registers a thread.
+# 512 entries (8,192 tokens in 16-token blocks) keep the row at 4 registers a thread. A wider table
+# (graphs sized by a long max_model_len) holds 512 entries from each split's first block and reads the
+# blocks of a split past them per tile, in a second loop.
 DECODE_TABLE_REGS = True
 TABLE_REGS_MAX = 512
 # Folded 16-bit models with a q/k norm: the fused decode launch multiplies only v by the row scale
@@ -982,9 +1007,9 @@ def decode_launch(
     key = _config_key(q)
     wide = _wide(b, hk, q.device)
     peel = DECODE_PEEL and nt is not None and num_splits > 1 and b == 1
-    table_entries = next_pow2(block_tables.shape[1])
-    table_regs = DECODE_TABLE_REGS and DECODE_ONE_LOOP and not peel and table_entries <= TABLE_REGS_MAX
-    block_t = table_entries if table_regs else 0
+    table_regs = DECODE_TABLE_REGS and DECODE_ONE_LOOP and not peel
+    cap = 1 << (max(1, TABLE_REGS_MAX).bit_length() - 1)  # a power of two
+    block_t = min(next_pow2(block_tables.shape[1]), cap) if table_regs else 0
     if key == "16bit" and wide:
         key = wide_config_key(table_regs)
     block_n, warps, stages = DECODE_CONFIGS[key]
@@ -1023,7 +1048,7 @@ def decode_launch(
         DOT_PREC=_dot_precision(q.dtype), ONE_LOOP=DECODE_ONE_LOOP, HEAD_MAJOR=head_major,
         ORDERED=order is not None, PDL=b == 1 and pdl.enabled(q.device),
         PEEL=peel, ROW_SCALE=hs is not None, BLOCK_H=next_pow2(hs.shape[1]) if hs is not None else 1,
-        BLOCK_T=block_t,
+        BLOCK_T=block_t, TABLE_PART=0 < block_t < block_tables.shape[1],
         NORM_CANCELS=DECODE_NORM_CANCELS and hs is not None and has_norm and q.dtype != torch.float32,
     )  # fmt: skip
     partials = (part_out, part_lse) if num_splits > 1 and not fused_reduce else None

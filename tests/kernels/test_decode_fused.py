@@ -63,14 +63,17 @@ def _fused(q, k, v, wq, wk, pos, cs, kc, vc, bt, sl, slots, window=None, **kw):
 @pytest.mark.parametrize("norm", [True, False])
 @pytest.mark.parametrize("one_loop", [False, True])
 @pytest.mark.parametrize("peel", [False, True])
-@pytest.mark.parametrize("table", [False, True])
+@pytest.mark.parametrize("table", [False, True, "part"])
 def test_fused_decode_matches_reference(dtype, num_splits, norm, one_loop, peel, table, monkeypatch):
     """peel (split launches at batch 1): each split's first tile asked for before the new token's work,
     the new row patched in from registers; 70 keys in 3 splits of 16-key tiles run a peeled tile and a
-    loop."""
+    loop. table: the block-table row held in registers, read per tile, or ("part") two entries of it
+    held and the blocks past them read per tile."""
     monkeypatch.setattr(paged_attention, "DECODE_ONE_LOOP", one_loop)
     monkeypatch.setattr(paged_attention, "DECODE_PEEL", peel)
-    monkeypatch.setattr(paged_attention, "DECODE_TABLE_REGS", table)  # the row held or read per tile
+    monkeypatch.setattr(paged_attention, "DECODE_TABLE_REGS", bool(table))
+    if table == "part":
+        monkeypatch.setattr(paged_attention, "TABLE_REGS_MAX", 2)
     ctx = [70] if peel else [37, 5, 70]
     case = _case(dtype, ctx, norm=norm)
     out, kc, vc = _fused(*case, num_splits=num_splits)

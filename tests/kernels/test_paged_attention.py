@@ -146,13 +146,21 @@ def test_decode_matches_reference(dtype, block_size, num_splits, table, monkeypa
     assert block_t >= args[3].shape[1] if table else block_t == 0
 
 
-def test_decode_table_wider_than_registers_reads_it_per_tile(monkeypatch):
-    """A block table wider than TABLE_REGS_MAX entries is read per tile, with the same result."""
-    q, kc, vc, bt, _, sl = make_paged(DECODE_CTX, [1] * len(DECODE_CTX), H, HK, D, 16, torch.float32)
-    held = paged_decode_attention(q, kc, vc, bt, sl, SCALE, num_splits=2)
-    monkeypatch.setattr(pa, "TABLE_REGS_MAX", bt.shape[1] - 1)
-    assert pa.decode_launch(q, kc, vc, bt, sl, SCALE, num_splits=2).consts["BLOCK_T"] == 0
-    assert torch.equal(paged_decode_attention(q, kc, vc, bt, sl, SCALE, num_splits=2), held)
+@pytest.mark.parametrize("regs_max", [2, 4, 7])
+@pytest.mark.parametrize(
+    ("window", "alibi", "num_splits"), [(None, False, 1), (None, False, 2), (30, True, 3)]
+)
+def test_decode_table_wider_than_registers_holds_part_of_it(regs_max, window, alibi, num_splits, monkeypatch):
+    """A block table wider than TABLE_REGS_MAX entries (rounded down to a power of two): each program
+    holds that many entries from its split's first block and reads the blocks past them per tile,
+    with the result of the whole row held (the same tiles in the same order)."""
+    out, args = _decode(torch.float32, 16, DECODE_CTX, num_splits, window, alibi)
+    assert max_err(out, ref.decode_attention(*args)) < ATOL[torch.float32]
+    monkeypatch.setattr(pa, "TABLE_REGS_MAX", regs_max)
+    launch = pa.decode_launch(*args[:6], num_splits=num_splits, sliding_window=window, alibi_slopes=args[-1])
+    assert launch.consts["BLOCK_T"] == 1 << (regs_max.bit_length() - 1) and launch.consts["TABLE_PART"]
+    part, _ = _decode(torch.float32, 16, DECODE_CTX, num_splits, window, alibi)
+    assert torch.equal(part, out)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
