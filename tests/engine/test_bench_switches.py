@@ -56,3 +56,11 @@ def test_bench_refuses_a_bad_switch_before_running(capsys):
         bench.main(["--workload", "w3", "--set", "kernels.dispatch.DECODE_TAL=False"])
     assert exit_info.value.code == 2
     assert "has no DECODE_TAL" in capsys.readouterr().err
+
+
+def test_max_model_len_option():
+    """W1-W3 run at benchmarks.md's 4,096-token context limit unless told otherwise (the graphs' block
+    tables are sized by it: 40,960 gives the wide tables that hold part of a row in registers)."""
+    parser = bench.build_parser()
+    assert parser.parse_args(["--workload", "w2"]).max_model_len == 4096
+    assert parser.parse_args(["--workload", "w2", "--max-model-len", "40960"]).max_model_len == 40960
