@@ -448,10 +448,9 @@ def _decode_kernel(
             False, False, HAS_ALIBI, DOT_PREC,
         )  # fmt: skip
     reg_hi = s_hi  # TABLE_PART: the whole tiles whose blocks the register row holds end at reg_hi
-    if TABLE_PART:
-        reg_hi = mid + ((t0 + BLOCK_T) * BLOCK_SIZE - mid) // BLOCK_N * BLOCK_N
     reg_end = s_hi
     if TABLE_PART:
+        reg_hi = mid + ((t0 + BLOCK_T) * BLOCK_SIZE - mid) // BLOCK_N * BLOCK_N
         reg_end = tl.minimum(reg_hi, s_hi)
     for start in range(mid, reg_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
