@@ -75,10 +75,11 @@ def engine_tables(tiny: bool) -> tuple[list[list[int]], int]:
 
 
 def _batch(ctx: list[int], rows: list[int], layout: str, pool, dtype, device, gen: torch.Generator, eng,
-           new_token: str = "fused"):  # fmt: skip
+           new_token: str = "fused", table_width: int = 0):  # fmt: skip
     """q, block tables (`layout`), seq_lens, the new token of one step (NewTokenQK, or None for `none`)
     and whether its work runs as a launch of its own (`separate`); rows: the W2 sequences still
-    decoding."""
+    decoding. table_width > 0: each table row padded to that many entries (as the engine's graphs size
+    it by max_model_len)."""
     k_cache, v_cache = pool
     per_seq = -(-max(ctx) // BLOCK_SIZE)
     if layout == "shuffled":
@@ -88,6 +89,8 @@ def _batch(ctx: list[int], rows: list[int], layout: str, pool, dtype, device, ge
     else:
         blocks = torch.tensor([(eng[r] + [0] * per_seq)[:per_seq] for r in rows]).flatten()
     tables = blocks.view(len(ctx), per_seq).to(device=device, dtype=torch.int32)
+    if table_width > per_seq:
+        tables = torch.nn.functional.pad(tables, (0, table_width - per_seq))
     seq_lens = torch.tensor(ctx, dtype=torch.int32, device=device)
     q, new = _new_token(seq_lens, tables, dtype, device)
     if new_token == "folded":
@@ -120,6 +123,7 @@ def replay(
     device,
     tiny: bool,
     new_tokens: tuple[str, ...] = ("fused",),
+    table_width: int = 0,
 ) -> None:
     from kernels import paged_attention as pa
 
@@ -133,10 +137,11 @@ def replay(
     try:
         for layout in layouts:
             for new_token in new_tokens:
-                print(f"# layout {layout}, new token {new_token}")
+                width = f", table width {table_width}" if table_width else ""
+                print(f"# layout {layout}, new token {new_token}{width}")
                 gen = torch.Generator().manual_seed(0)
                 batches = [
-                    (t, ctx, _batch(ctx, rows, layout, pool, dtype, device, gen, eng, new_token))
+                    (t, ctx, _batch(ctx, rows, layout, pool, dtype, device, gen, eng, new_token, table_width))
                     for t, ctx, rows in steps
                 ]
                 _replay(configs, keys, batches, pool, stride, timer, device)
@@ -203,6 +208,14 @@ def main(argv: list[str] | None = None) -> int:
         default="fused",
         help="space-separated: fused, folded, none, separate (the new token's work)",
     )
+    parser.add_argument(
+        "--table-width",
+        type=int,
+        default=0,
+        metavar="N",
+        help="block-table entries a sequence (0: its step's longest context; the engine's graphs take "
+        "max_model_len / 16: 256 at W2's 4,096, 2,560 at 40,960)",
+    )
     from engine import bench_switches
 
     bench_switches.add_option(
@@ -227,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     layouts = _names(parser, "--layouts", args.layouts, ("shuffled", "engine", "contiguous"))
     new_tokens = _names(parser, "--new-token", args.new_token, ("fused", "folded", "none", "separate"))
     timer = Timer(device, reps, False)
-    replay(configs, layouts, 4 if args.tiny else args.stride, timer, dtype, device, args.tiny, new_tokens)
+    stride = 4 if args.tiny else args.stride
+    replay(configs, layouts, stride, timer, dtype, device, args.tiny, new_tokens, args.table_width)
     return 0
 
 

@@ -80,8 +80,8 @@ def test_w2_replay_help_and_steps(capsys):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny CPU run is for machines without CUDA")
-def test_w2_replay_tiny_cpu_run(capsys):
-    from kernels import bench_w2
+def test_w2_replay_tiny_cpu_run(capsys, monkeypatch):
+    from kernels import bench_w2, paged_attention
 
     assert bench_w2.main(["--tiny", "--layouts", "engine contiguous", "--new-token", "folded none"]) == 0
     out = capsys.readouterr().out
@@ -91,6 +91,11 @@ def test_w2_replay_tiny_cpu_run(capsys):
     ]
     assert out.count("(16, 4, 1): W2 total") == 4 and "0:B2 " in out and "8:B1 " in out
     assert out.splitlines()[-1].startswith("best (16, 4, 1):")
+    # tables as wide as a long max_model_len makes them, wider than the registers hold (part held)
+    monkeypatch.setattr(paged_attention, "TABLE_REGS_MAX", 2)
+    assert bench_w2.main(["--tiny", "--layouts", "engine", "--table-width", "40"]) == 0
+    out = capsys.readouterr().out
+    assert "# layout engine, new token fused, table width 40" in out and "(16, 4, 1): W2 total" in out
     with pytest.raises(SystemExit):
         bench_w2.main(["--tiny", "--new-token", "unfused"])
     assert "--new-token: unknown 'unfused'" in capsys.readouterr().err
