@@ -600,11 +600,15 @@ DECODE_PEEL = True
 # against 3,999 read per tile with (128, 4, 3), the cache walked alone 3,696 against 3,870 (4.2-4.3
 # TB/s from batch 99 up, a streaming read's rate); 128-key tiles take 139 KB of shared memory doubled
 # (one program an SM: 4,999 ms). W2 27,229 tok/s against 26,765, W1 22,852 (one machine session).
-# 512 entries (8,192 tokens in 16-token blocks) keep the row at 4 registers a thread. A wider table
-# (graphs sized by a long max_model_len) holds 512 entries from each split's first block and reads the
-# blocks of a split past them per tile, in a second loop.
+# 512 entries (8,192 tokens in 16-token blocks) keep the row at 4 registers a thread.
 DECODE_TABLE_REGS = True
 TABLE_REGS_MAX = 512
+# A wider table (the engine's graphs size it by max_model_len: 2,560 entries at Qwen3's 40,960
+# positions) holds TABLE_REGS_MAX entries from each split's first block and reads the blocks of a split
+# past them per tile, in a second loop; off: the whole row read per tile. Off until measured on the
+# GPU (interpreter tests and the sm_90 compile check pass): `python -m engine.bench --workload w2
+# --max-model-len 40960 --set kernels.paged_attention.DECODE_TABLE_PART=True` against the same without.
+DECODE_TABLE_PART = False
 # Folded 16-bit models with a q/k norm: the fused decode launch multiplies only v by the row scale
 # (1 / rms of the residual row), since q's and k's RMSNorm cancel it (exact but for the norm's eps and
 # one rounding to the dtype), so q's and k's norms wait on no reduction of the residual row. With the
@@ -1008,6 +1012,7 @@ def decode_launch(
     peel = DECODE_PEEL and nt is not None and num_splits > 1 and b == 1
     table_regs = DECODE_TABLE_REGS and DECODE_ONE_LOOP and not peel
     cap = 1 << (max(1, TABLE_REGS_MAX).bit_length() - 1)  # a power of two
+    table_regs = table_regs and (DECODE_TABLE_PART or next_pow2(block_tables.shape[1]) <= cap)
     block_t = min(next_pow2(block_tables.shape[1]), cap) if table_regs else 0
     if key == "16bit" and wide:
         key = wide_config_key(table_regs)

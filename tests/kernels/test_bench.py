@@ -93,6 +93,7 @@ def test_w2_replay_tiny_cpu_run(capsys, monkeypatch):
     assert out.splitlines()[-1].startswith("best (16, 4, 1):")
     # tables as wide as a long max_model_len makes them, wider than the registers hold (part held)
     monkeypatch.setattr(paged_attention, "TABLE_REGS_MAX", 2)
+    monkeypatch.setattr(paged_attention, "DECODE_TABLE_PART", True)
     assert bench_w2.main(["--tiny", "--layouts", "engine", "--table-width", "40"]) == 0
     out = capsys.readouterr().out
     assert "# layout engine, new token fused, table width 40" in out and "(16, 4, 1): W2 total" in out

@@ -74,6 +74,7 @@ def test_fused_decode_matches_reference(dtype, num_splits, norm, one_loop, peel,
     monkeypatch.setattr(paged_attention, "DECODE_TABLE_REGS", bool(table))
     if table == "part":
         monkeypatch.setattr(paged_attention, "TABLE_REGS_MAX", 2)
+        monkeypatch.setattr(paged_attention, "DECODE_TABLE_PART", True)
     ctx = [70] if peel else [37, 5, 70]
     case = _case(dtype, ctx, norm=norm)
     out, kc, vc = _fused(*case, num_splits=num_splits)

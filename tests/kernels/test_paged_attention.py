@@ -151,12 +151,16 @@ def test_decode_matches_reference(dtype, block_size, num_splits, table, monkeypa
     ("window", "alibi", "num_splits"), [(None, False, 1), (None, False, 2), (30, True, 3)]
 )
 def test_decode_table_wider_than_registers_holds_part_of_it(regs_max, window, alibi, num_splits, monkeypatch):
-    """A block table wider than TABLE_REGS_MAX entries (rounded down to a power of two): each program
-    holds that many entries from its split's first block and reads the blocks past them per tile,
-    with the result of the whole row held (the same tiles in the same order)."""
+    """A block table wider than TABLE_REGS_MAX entries (rounded down to a power of two), with
+    DECODE_TABLE_PART: each program holds that many entries from its split's first block and reads the
+    blocks past them per tile, with the result of the whole row held (the same tiles in the same order);
+    without it the whole row is read per tile."""
     out, args = _decode(torch.float32, 16, DECODE_CTX, num_splits, window, alibi)
     assert max_err(out, ref.decode_attention(*args)) < ATOL[torch.float32]
     monkeypatch.setattr(pa, "TABLE_REGS_MAX", regs_max)
+    monkeypatch.setattr(pa, "DECODE_TABLE_PART", False)  # off: the row read per tile
+    assert pa.decode_launch(*args[:6], num_splits=num_splits).consts["BLOCK_T"] == 0
+    monkeypatch.setattr(pa, "DECODE_TABLE_PART", True)
     launch = pa.decode_launch(*args[:6], num_splits=num_splits, sliding_window=window, alibi_slopes=args[-1])
     assert launch.consts["BLOCK_T"] == 1 << (regs_max.bit_length() - 1) and launch.consts["TABLE_PART"]
     part, _ = _decode(torch.float32, 16, DECODE_CTX, num_splits, window, alibi)
