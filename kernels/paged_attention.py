@@ -36,8 +36,8 @@ def _tile_offsets(bt_row, start, hi, kvh, d, d_mask, NUM_KV_HEADS: tl.constexpr,
         n_mask = offs_n < hi
         if BLOCK_T > 0:
             entry = offs_n // BLOCK_SIZE
-            if t0 is not None:
-                entry = tl.maximum(entry - t0, 0)
+            if t0 is not None:  # the tiles start at or past the split's first block, entry t0
+                entry = entry - t0
             blk = tl.gather(bt_regs, tl.minimum(entry, BLOCK_T - 1), 0).to(tl.int64)
         else:
             blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
@@ -354,8 +354,7 @@ def _decode_kernel(
             t = t0 + t
         bt_regs = tl.load(bt_row + t, mask=t < tl.cdiv(s_hi, BLOCK_SIZE), other=0)
     if PEEL:  # the first tile's K/V asked for before the new token's q/k work (they do not depend on it)
-        bt0 = block_tables_ptr + b.to(tl.int64) * stride_bt
-        k0, v0, offs0 = _tile_kv(k_cache_ptr, v_cache_ptr, bt0, s_lo, s_hi, kvh, d, d_mask, NUM_KV_HEADS,
+        k0, v0, offs0 = _tile_kv(k_cache_ptr, v_cache_ptr, bt_row, s_lo, s_hi, kvh, d, d_mask, NUM_KV_HEADS,
                                  HEAD_DIM, BLOCK_SIZE, BLOCK_N, True)  # fmt: skip
     if FUSE_QK:
         # rounded exactly as kernels.qk_norm_rope: norm (to the dtype), times the weight (to the dtype),
@@ -374,14 +373,13 @@ def _decode_kernel(
         ka = tl.load(k_row + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]  # (1, BLOCK_D)
         kb = tl.load(k_row + partner, mask=d_mask, other=0.0).to(tl.float32)[None, :]
         rs = 1.0
-        if ROW_SCALE and NORM_CANCELS:  # only v takes it: q and k are normalized next
+        if ROW_SCALE:  # the layer's input RMSNorm (its weight folded into the projection), rounded to dt
             rs = row_rstd(h_ptr, b, stride_hb, hidden, eps_h, BLOCK_H)
-        elif ROW_SCALE:  # the layer's input RMSNorm (its weight folded into the projection), rounded to dt
-            rs = row_rstd(h_ptr, b, stride_hb, hidden, eps_h, BLOCK_H)
-            qa = (qa * rs).to(dt).to(tl.float32)
-            qb = (qb * rs).to(dt).to(tl.float32)
-            ka = (ka * rs).to(dt).to(tl.float32)
-            kb = (kb * rs).to(dt).to(tl.float32)
+            if not NORM_CANCELS:  # else only v takes it: q's and k's norms next cancel it
+                qa = (qa * rs).to(dt).to(tl.float32)
+                qb = (qb * rs).to(dt).to(tl.float32)
+                ka = (ka * rs).to(dt).to(tl.float32)
+                kb = (kb * rs).to(dt).to(tl.float32)
         if HAS_NORM:
             rq = 1.0 / tl.sqrt(tl.sum(qa * qa, axis=1) / HEAD_DIM + eps)[:, None]
             wa = tl.load(qw_ptr + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
@@ -1010,10 +1008,11 @@ def decode_launch(
     key = _config_key(q)
     wide = _wide(b, hk, q.device)
     peel = DECODE_PEEL and nt is not None and num_splits > 1 and b == 1
-    table_regs = DECODE_TABLE_REGS and DECODE_ONE_LOOP and not peel
+    entries = next_pow2(block_tables.shape[1])
     cap = 1 << (max(1, TABLE_REGS_MAX).bit_length() - 1)  # a power of two
-    table_regs = table_regs and (DECODE_TABLE_PART or next_pow2(block_tables.shape[1]) <= cap)
-    block_t = min(next_pow2(block_tables.shape[1]), cap) if table_regs else 0
+    fits = DECODE_TABLE_PART or entries <= cap
+    table_regs = DECODE_TABLE_REGS and DECODE_ONE_LOOP and not peel and fits
+    block_t = min(entries, cap) if table_regs else 0
     if key == "16bit" and wide:
         key = wide_config_key(table_regs)
     block_n, warps, stages = DECODE_CONFIGS[key]
