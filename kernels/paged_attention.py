@@ -346,12 +346,10 @@ def _decode_kernel(
     q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh  # (BLOCK_G, 1)
     bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
     bt_regs = None
-    t0 = None
     if BLOCK_T > 0:  # written before the step: read before the wait and the new token's work
         t = tl.arange(0, BLOCK_T)
-        if TABLE_PART:
-            t0 = s_lo // BLOCK_SIZE
-            t = t0 + t
+        if TABLE_PART:  # from the split's first block
+            t = s_lo // BLOCK_SIZE + t
         bt_regs = tl.load(bt_row + t, mask=t < tl.cdiv(s_hi, BLOCK_SIZE), other=0)
     if PEEL:  # the first tile's K/V asked for before the new token's q/k work (they do not depend on it)
         k0, v0, offs0 = _tile_kv(k_cache_ptr, v_cache_ptr, bt_row, s_lo, s_hi, kvh, d, d_mask, NUM_KV_HEADS,
@@ -445,23 +443,25 @@ def _decode_kernel(
             scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
             False, False, HAS_ALIBI, DOT_PREC,
         )  # fmt: skip
-    reg_hi = s_hi  # TABLE_PART: the whole tiles whose blocks the register row holds end at reg_hi
-    reg_end = s_hi
     if TABLE_PART:
-        reg_hi = mid + ((t0 + BLOCK_T) * BLOCK_SIZE - mid) // BLOCK_N * BLOCK_N
-        reg_end = tl.minimum(reg_hi, s_hi)
-    for start in range(mid, reg_end, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, s_hi, q_pos, kvh, d, d_mask,
-            scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
-            True, False, HAS_ALIBI, DOT_PREC, bt_regs, BLOCK_T, t0,
-        )  # fmt: skip
-    if TABLE_PART:  # a split longer than the row's BLOCK_T blocks: the rest read per tile
-        for start in range(reg_hi, s_hi, BLOCK_N):
+        # the row's BLOCK_T entries from a key's block cover CHUNK keys from that key on: the split in
+        # chunks, each a software-pipelined loop over its tiles, the next chunk's entries read after it
+        CHUNK = (BLOCK_T - 1) * BLOCK_SIZE // BLOCK_N * BLOCK_N
+        for c_lo in range(mid, s_hi, CHUNK):
+            for start in range(c_lo, tl.minimum(c_lo + CHUNK, s_hi), BLOCK_N):
+                acc, m_i, l_i = _attend_tile(
+                    q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, s_hi, q_pos, kvh, d, d_mask,
+                    scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
+                    True, False, HAS_ALIBI, DOT_PREC, bt_regs, BLOCK_T, c_lo // BLOCK_SIZE,
+                )  # fmt: skip
+            t = (c_lo + CHUNK) // BLOCK_SIZE + tl.arange(0, BLOCK_T)
+            bt_regs = tl.load(bt_row + t, mask=t < tl.cdiv(s_hi, BLOCK_SIZE), other=0)
+    else:
+        for start in range(mid, s_hi, BLOCK_N):
             acc, m_i, l_i = _attend_tile(
                 q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, s_hi, q_pos, kvh, d, d_mask,
                 scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
-                True, False, HAS_ALIBI, DOT_PREC,
+                True, False, HAS_ALIBI, DOT_PREC, bt_regs, BLOCK_T,
             )  # fmt: skip
 
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # empty range (split past the end): zeros
@@ -602,11 +602,14 @@ DECODE_PEEL = True
 DECODE_TABLE_REGS = True
 TABLE_REGS_MAX = 512
 # A wider table (the engine's graphs size it by max_model_len: 2,560 entries at Qwen3's 40,960
-# positions) holds TABLE_REGS_MAX entries from each split's first block and reads the blocks of a split
-# past them per tile, in a second loop; off: the whole row read per tile. Off until measured on the
-# GPU (interpreter tests and the sm_90 compile check pass): `python -m engine.bench --workload w2
-# --max-model-len 40960 --set kernels.paged_attention.DECODE_TABLE_PART=True` against the same without.
-DECODE_TABLE_PART = False
+# positions) holds TABLE_REGS_MAX entries from each split's first block; a split longer than they cover
+# walks its keys in chunks, reading the next chunk's entries after each; off: the whole row read per
+# tile. H200, `python -m kernels.bench_w2 --new-token folded --layouts engine --configs 64,4,3`: W2's
+# decode attention with 2,560-entry rows 3,899 ms against 3,888 with 512-entry rows held whole (4,053
+# read per tile); `python -m engine.bench --workload w2 --max-model-len 40960` 27,254 tok/s against
+# 27,339 at 4,096 (26,544 read per tile, another machine session). A second loop reading the blocks past
+# the held entries per tile instead of chunks: 4,006 ms, W2 26,598.
+DECODE_TABLE_PART = True
 # Folded 16-bit models with a q/k norm: the fused decode launch multiplies only v by the row scale
 # (1 / rms of the residual row), since q's and k's RMSNorm cancel it (exact but for the norm's eps and
 # one rounding to the dtype), so q's and k's norms wait on no reduction of the residual row. With the
@@ -1012,10 +1015,10 @@ def decode_launch(
     cap = 1 << (max(1, TABLE_REGS_MAX).bit_length() - 1)  # a power of two
     fits = DECODE_TABLE_PART or entries <= cap
     table_regs = DECODE_TABLE_REGS and DECODE_ONE_LOOP and not peel and fits
-    block_t = min(entries, cap) if table_regs else 0
     if key == "16bit" and wide:
         key = wide_config_key(table_regs)
     block_n, warps, stages = DECODE_CONFIGS[key]
+    block_t = min(entries, max(cap, next_pow2(block_n // bs + 1))) if table_regs else 0  # chunks >= a tile
     if peel:
         stages = PEEL_STAGES
         if key == "16bit":

@@ -152,9 +152,10 @@ def test_decode_matches_reference(dtype, block_size, num_splits, table, monkeypa
 )
 def test_decode_table_wider_than_registers_holds_part_of_it(regs_max, window, alibi, num_splits, monkeypatch):
     """A block table wider than TABLE_REGS_MAX entries (rounded down to a power of two), with
-    DECODE_TABLE_PART: each program holds that many entries from its split's first block and reads the
-    blocks past them per tile, with the result of the whole row held (the same tiles in the same order);
-    without it the whole row is read per tile."""
+    DECODE_TABLE_PART: each program holds that many entries from its split's first block and walks a
+    longer split in chunks, reading each next chunk's entries (2 entries cover one 16-key chunk: 75 keys
+    take 5), with the result of the whole row held (the same tiles in the same order); without it the
+    whole row is read per tile."""
     out, args = _decode(torch.float32, 16, DECODE_CTX, num_splits, window, alibi)
     assert max_err(out, ref.decode_attention(*args)) < ATOL[torch.float32]
     monkeypatch.setattr(pa, "TABLE_REGS_MAX", regs_max)
@@ -345,6 +346,22 @@ def test_gpu_decode(dtype, num_splits, window, alibi):
     out = paged_decode_attention(q, kc, vc, bt, sl, scale, window, slopes, num_splits=num_splits)
     expect = ref.decode_attention(*_fp32_args([q, kc, vc, bt, sl, scale, window, slopes]))
     assert max_err(out, expect) < GPU_ATOL[dtype]
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@gpu
+def test_gpu_decode_table_wider_than_registers(num_splits):
+    """Tables 2,560 entries wide (the engine's graphs at 40,960 positions) with DECODE_TABLE_PART: a
+    split of 12,000 keys walks two chunks of held entries; bf16 against the fp32 reference."""
+    ctx = [1, 17, 5000, 9000, 12000, 300]
+    q, kc, vc, bt, _, sl = make_paged(ctx, [1] * len(ctx), GPU_H, GPU_HK, GPU_D, 16, torch.bfloat16, "cuda")
+    wide = torch.nn.functional.pad(bt, (0, 2560 - bt.shape[1]))
+    scale = GPU_D**-0.5
+    launch = pa.decode_launch(q, kc, vc, wide, sl, scale, num_splits=num_splits)
+    assert launch.consts["TABLE_PART"] and launch.consts["BLOCK_T"] == 512
+    out = paged_decode_attention(q, kc, vc, wide, sl, scale, num_splits=num_splits)
+    expect = ref.decode_attention(*_fp32_args([q, kc, vc, bt, sl, scale]))
+    assert max_err(out, expect) < GPU_ATOL[torch.bfloat16]
 
 
 @gpu
