@@ -255,18 +255,6 @@ def _new_v(v_new_ptr, b, stride_vb, kvh, d, d_mask, rs, HEAD_DIM: tl.constexpr, 
     return v
 
 
-@triton.jit
-def _k_norm(ka, kb, kw_ptr, d, d_mask, partner, eps, dt, HEAD_DIM: tl.constexpr):
-    """The new key's RMSNorm (its two rotate-half lanes (1, BLOCK_D) in float32), rounded as
-    kernels.qk_norm_rope."""
-    rk = 1.0 / tl.sqrt(tl.sum(ka * ka, axis=1) / HEAD_DIM + eps)[:, None]
-    ua = tl.load(kw_ptr + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
-    ub = tl.load(kw_ptr + partner, mask=d_mask, other=0.0).to(tl.float32)[None, :]
-    ka = (ua * (ka * rk).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-    kb = (ub * (kb * rk).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-    return ka, kb
-
-
 @kernel
 def _decode_kernel(
     q_ptr,  # (batch, num_heads, head_dim), last dim contiguous
@@ -326,7 +314,6 @@ def _decode_kernel(
     BLOCK_T: tl.constexpr,  # > 0: the block-table row held in registers (DECODE_TABLE_REGS)
     TABLE_PART: tl.constexpr,  # BLOCK_T < the row's width: BLOCK_T entries from the split's first block
     NORM_CANCELS: tl.constexpr,  # ROW_SCALE and HAS_NORM: q and k skip the row scale (DECODE_NORM_CANCELS)
-    NEW_KV_LAST: tl.constexpr,  # FUSE_QK, not PEEL: the new key and value folded in after the tiles
 ):
     """One (sequence, KV head, split) per program: grid (batch, num_kv_heads, NUM_SPLITS), or
     (num_kv_heads, batch, NUM_SPLITS) HEAD_MAJOR; ORDERED, the grid's batch index goes through order."""
@@ -384,7 +371,7 @@ def _decode_kernel(
         ka = tl.load(k_row + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]  # (1, BLOCK_D)
         kb = tl.load(k_row + partner, mask=d_mask, other=0.0).to(tl.float32)[None, :]
         rs = 1.0
-        if ROW_SCALE and not NEW_KV_LAST:  # the layer's input RMSNorm (its weight folded in), rounded to dt
+        if ROW_SCALE:  # the layer's input RMSNorm (its weight folded into the projection), rounded to dt
             rs = row_rstd(h_ptr, b, stride_hb, hidden, eps_h, BLOCK_H)
             if not NORM_CANCELS:  # else only v takes it: q's and k's norms next cancel it
                 qa = (qa * rs).to(dt).to(tl.float32)
@@ -397,8 +384,11 @@ def _decode_kernel(
             wb = tl.load(qw_ptr + partner, mask=d_mask, other=0.0).to(tl.float32)[None, :]
             qa = (wa * (qa * rq).to(dt).to(tl.float32)).to(dt).to(tl.float32)
             qb = (wb * (qb * rq).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-            if not NEW_KV_LAST:
-                ka, kb = _k_norm(ka, kb, kw_ptr, d, d_mask, partner, eps, dt, HEAD_DIM)
+            rk = 1.0 / tl.sqrt(tl.sum(ka * ka, axis=1) / HEAD_DIM + eps)[:, None]
+            ua = tl.load(kw_ptr + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+            ub = tl.load(kw_ptr + partner, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+            ka = (ua * (ka * rk).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            kb = (ub * (kb * rk).to(dt).to(tl.float32)).to(dt).to(tl.float32)
         q = (qa * cos + sign * qb * sin).to(dt)  # (BLOCK_G, BLOCK_D)
         # the split holding the new position stores its K/V, then reads them back with the rest (PEEL:
         # takes them from registers into the first tile, already asked for)
@@ -416,7 +406,7 @@ def _decode_kernel(
             is_new = (offs0 == ctx - 1)[:, None]
             k0 = tl.where(is_new, k_new[None, :], k0)
             v0 = tl.where(is_new, v_new[None, :], v0)
-        elif not NEW_KV_LAST:
+        else:
             if owner:
                 k_new = tl.sum((ka * cos + sign * kb * sin).to(dt), axis=0)  # (BLOCK_D,)
                 v_new = _new_v(v_new_ptr, b, stride_vb, kvh, d, d_mask, rs, HEAD_DIM, ROW_SCALE)
@@ -444,15 +434,12 @@ def _decode_kernel(
     # the window is already applied through s_lo: whole tiles unmasked, then the ragged last one (or,
     # ONE_LOOP, all tiles masked in one software pipeline, so the ragged tile's loads are not issued
     # only after the whole tiles are done)
-    hi = s_hi
-    if NEW_KV_LAST:  # the tiles read the keys cached before this step
-        hi = tl.where(slot >= 0, tl.minimum(s_hi, ctx - 1), s_hi)
-    mid = first + tl.maximum(hi - first, 0) // BLOCK_N * BLOCK_N
+    mid = first + tl.maximum(s_hi - first, 0) // BLOCK_N * BLOCK_N
     if ONE_LOOP:
         mid = first
     for start in range(first, mid, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, hi, q_pos, kvh, d, d_mask,
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, s_hi, q_pos, kvh, d, d_mask,
             scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
             False, False, HAS_ALIBI, DOT_PREC,
         )  # fmt: skip
@@ -460,42 +447,22 @@ def _decode_kernel(
         # the row's BLOCK_T entries from a key's block cover CHUNK keys from that key on: the split in
         # chunks, each a software-pipelined loop over its tiles, the next chunk's entries read after it
         CHUNK = (BLOCK_T - 1) * BLOCK_SIZE // BLOCK_N * BLOCK_N
-        for c_lo in range(mid, hi, CHUNK):
-            for start in range(c_lo, tl.minimum(c_lo + CHUNK, hi), BLOCK_N):
+        for c_lo in range(mid, s_hi, CHUNK):
+            for start in range(c_lo, tl.minimum(c_lo + CHUNK, s_hi), BLOCK_N):
                 acc, m_i, l_i = _attend_tile(
-                    q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, hi, q_pos, kvh, d, d_mask,
+                    q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, s_hi, q_pos, kvh, d, d_mask,
                     scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
                     True, False, HAS_ALIBI, DOT_PREC, bt_regs, BLOCK_T, c_lo // BLOCK_SIZE,
                 )  # fmt: skip
             t = (c_lo + CHUNK) // BLOCK_SIZE + tl.arange(0, BLOCK_T)
-            bt_regs = tl.load(bt_row + t, mask=t < tl.cdiv(hi, BLOCK_SIZE), other=0)
+            bt_regs = tl.load(bt_row + t, mask=t < tl.cdiv(s_hi, BLOCK_SIZE), other=0)
     else:
-        for start in range(mid, hi, BLOCK_N):
+        for start in range(mid, s_hi, BLOCK_N):
             acc, m_i, l_i = _attend_tile(
-                q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, hi, q_pos, kvh, d, d_mask,
+                q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, s_hi, q_pos, kvh, d, d_mask,
                 scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
                 True, False, HAS_ALIBI, DOT_PREC, bt_regs, BLOCK_T,
             )  # fmt: skip
-    if NEW_KV_LAST:  # noqa: SIM102
-        if owner:  # the new key at distance 0 (no ALiBi bias, inside any window), then its K/V stored
-            rs = 1.0
-            if ROW_SCALE:
-                rs = row_rstd(h_ptr, b, stride_hb, hidden, eps_h, BLOCK_H)
-            if HAS_NORM:
-                ka, kb = _k_norm(ka, kb, kw_ptr, d, d_mask, partner, eps, dt, HEAD_DIM)
-            ct = k_cache_ptr.dtype.element_ty
-            k_new = tl.sum((ka * cos + sign * kb * sin).to(dt), axis=0).to(ct)  # (BLOCK_D,)
-            v_new = _new_v(v_new_ptr, b, stride_vb, kvh, d, d_mask, rs, HEAD_DIM, ROW_SCALE).to(ct)
-            s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], axis=1) * scale_log2
-            m_new = tl.maximum(m_i, s_new)
-            alpha = tl.exp2(m_i - m_new)
-            p_new = tl.exp2(s_new - m_new)
-            l_i = l_i * alpha + p_new
-            acc = acc * alpha[:, None] + p_new.to(ct).to(tl.float32)[:, None] * v_new.to(tl.float32)[None, :]
-            m_i = m_new
-            dst = slot * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d
-            tl.store(k_cache_ptr + dst, k_new, mask=d_mask)
-            tl.store(v_cache_ptr + dst, v_new, mask=d_mask)
 
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # empty range (split past the end): zeros
     if NUM_SPLITS == 1:
@@ -643,7 +610,6 @@ TABLE_REGS_MAX = 512
 # 27,339 at 4,096 (26,544 read per tile, another machine session). A second loop reading the blocks past
 # the held entries per tile instead of chunks: 4,006 ms, W2 26,598.
 DECODE_TABLE_PART = True
-DECODE_NEW_KV_LAST = False
 # Folded 16-bit models with a q/k norm: the fused decode launch multiplies only v by the row scale
 # (1 / rms of the residual row), since q's and k's RMSNorm cancel it (exact but for the norm's eps and
 # one rounding to the dtype), so q's and k's norms wait on no reduction of the residual row. With the
@@ -1080,8 +1046,6 @@ def decode_launch(
         hs.shape[1] if hs is not None else 0, _window(sliding_window), nt.eps if nt else 0.0,
         nt.row_eps if hs is not None else 0.0,
     )  # fmt: skip
-    cancels = DECODE_NORM_CANCELS and hs is not None and has_norm and q.dtype != torch.float32
-    kv_last = DECODE_NEW_KV_LAST and nt is not None and not peel and (hs is None or cancels)
     consts = dict(
         NUM_KV_HEADS=hk, GROUP=group, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_G=max(16, next_pow2(group)),
         BLOCK_N=block_n, BLOCK_D=next_pow2(d), NUM_SPLITS=num_splits, BLOCK_S=next_pow2(num_splits),
@@ -1091,7 +1055,7 @@ def decode_launch(
         ORDERED=order is not None, PDL=b == 1 and pdl.enabled(q.device),
         PEEL=peel, ROW_SCALE=hs is not None, BLOCK_H=next_pow2(hs.shape[1]) if hs is not None else 1,
         BLOCK_T=block_t, TABLE_PART=0 < block_t < block_tables.shape[1],
-        NORM_CANCELS=cancels, NEW_KV_LAST=kv_last,
+        NORM_CANCELS=DECODE_NORM_CANCELS and hs is not None and has_norm and q.dtype != torch.float32,
     )  # fmt: skip
     partials = (part_out, part_lse) if num_splits > 1 and not fused_reduce else None
     return DecodeLaunch(args, consts, (b, hk, num_splits), out, warps, stages, partials)
