@@ -314,7 +314,6 @@ def _decode_kernel(
     BLOCK_T: tl.constexpr,  # > 0: the block-table row held in registers (DECODE_TABLE_REGS)
     TABLE_PART: tl.constexpr,  # BLOCK_T < the row's width: BLOCK_T entries from the split's first block
     NORM_CANCELS: tl.constexpr,  # ROW_SCALE and HAS_NORM: q and k skip the row scale (DECODE_NORM_CANCELS)
-    SPLIT_KEYS: tl.constexpr,  # > 0 (FUSED_REDUCE): min(NUM_SPLITS, keys / SPLIT_KEYS) splits a sequence
 ):
     """One (sequence, KV head, split) per program: grid (batch, num_kv_heads, NUM_SPLITS), or
     (num_kv_heads, batch, NUM_SPLITS) HEAD_MAJOR; ORDERED, the grid's batch index goes through order."""
@@ -333,13 +332,8 @@ def _decode_kernel(
     if HAS_WINDOW:
         lo = tl.maximum(ctx - window, 0)
     # each sequence splits its own key range evenly, in whole tiles: the split count is fixed on the
-    # host (SPLIT_KEYS: its most), the split size is read on the device (no host sync, CUDA-graph safe)
-    n_split = NUM_SPLITS
-    if SPLIT_KEYS > 0:  # short sequences in fewer splits: the programs past a sequence's count exit
-        n_split = tl.minimum(tl.maximum(tl.cdiv(ctx - lo, SPLIT_KEYS), 1), NUM_SPLITS)
-        if split >= n_split:
-            return
-    per_split = tl.cdiv(tl.cdiv(ctx - lo, n_split), BLOCK_N) * BLOCK_N
+    # host, the split size is read on the device (no host sync, CUDA-graph safe)
+    per_split = tl.cdiv(tl.cdiv(ctx - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
     s_lo = lo + split * per_split
     s_hi = tl.minimum(s_lo + per_split, ctx)
 
@@ -471,10 +465,7 @@ def _decode_kernel(
             )  # fmt: skip
 
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # empty range (split past the end): zeros
-    whole = NUM_SPLITS == 1  # the sequence in one split: its output written here
-    if SPLIT_KEYS > 0:
-        whole = n_split == 1
-    if whole:
+    if NUM_SPLITS == 1:
         tl.store(
             out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + d[None, :],
             o.to(out_ptr.dtype.element_ty),
@@ -489,13 +480,13 @@ def _decode_kernel(
             # release this split's partials; the split that arrives last merges all of them
             tl.debug_barrier()
             arrived = tl.atomic_add(counter_ptr + b * NUM_KV_HEADS + kvh, 1, sem="acq_rel", scope="gpu")
-            if arrived == n_split - 1:
+            if arrived == NUM_SPLITS - 1:
                 tl.debug_barrier()
                 tl.store(counter_ptr + b * NUM_KV_HEADS + kvh, 0)  # zeroed for the next launch
                 for gi in tl.static_range(GROUP):
                     _merge_splits(
                         part_out_ptr, part_lse_ptr, out_ptr, b.to(tl.int64), kvh * GROUP + gi, stride_ob,
-                        stride_oh, NUM_KV_HEADS * GROUP, HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D, n_split,
+                        stride_oh, NUM_KV_HEADS * GROUP, HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D,
                     )  # fmt: skip
 
 
@@ -513,14 +504,10 @@ def _merge_splits(
     NUM_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    n_valid=None,  # the sequence's splits (those past it hold nothing of this launch); None: NUM_SPLITS
 ):
     """One head's split-K partials merged by their log-sum-exp (a helper of both decode paths)."""
     s = tl.arange(0, BLOCK_S)
-    if n_valid is None:
-        s_mask = s < NUM_SPLITS
-    else:
-        s_mask = s < n_valid
+    s_mask = s < NUM_SPLITS
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
     row0 = (b * NUM_HEADS + h) * NUM_SPLITS
@@ -867,13 +854,6 @@ MIN_TOKENS_PER_SPLIT = 128
 # tok/s, same machine session.
 MID_BATCH_SPLITS = 1
 MID_BATCH_WAVES = 8  # up to batch x KV heads < MID_BATCH_WAVES x SMs
-# A wide batch of fewer than SPLIT_KEYS_WAVES waves of (sequence, KV head) programs: each sequence cut
-# into one split a DECODE_SPLIT_KEYS keys, up to SPLIT_KEYS_MAX (its other programs exit at once), so
-# the longest contexts of one wave do not run alone at its end while short ones stay whole (no merge).
-# 0: off.
-DECODE_SPLIT_KEYS = 0
-SPLIT_KEYS_MAX = 4
-SPLIT_KEYS_WAVES = 4
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
@@ -882,8 +862,6 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: 
     so a CUDA graph captured for a batch size keeps its split count. (H200 sweep, `python -m kernels.bench
     --sweep`: batch 32 and 256 are fastest unsplit with 128-key tiles, batch 1 with 16-32 splits.)"""
     programs = batch * num_kv_heads
-    if programs >= num_sms and DECODE_SPLIT_KEYS > 0 and programs < SPLIT_KEYS_WAVES * num_sms:
-        return max(1, min(SPLIT_KEYS_MAX, triton.cdiv(max(1, max_seq_len), DECODE_SPLIT_KEYS)))
     if programs >= num_sms:
         return MID_BATCH_SPLITS if programs < MID_BATCH_WAVES * num_sms else 1
     want = triton.cdiv(2 * num_sms, max(1, batch * num_kv_heads))
@@ -1046,7 +1024,6 @@ def decode_launch(
         if key == "16bit":
             block_n, warps = PEEL_TILE
     fused_reduce = fused_reduce and num_splits > 1 and b * hk <= _MAX_COUNTERS
-    split_keys = DECODE_SPLIT_KEYS if fused_reduce and wide else 0
     if num_splits > 1:
         part_out = torch.empty((b, h, num_splits, d), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((b, h, num_splits), dtype=torch.float32, device=q.device)
@@ -1079,7 +1056,6 @@ def decode_launch(
         PEEL=peel, ROW_SCALE=hs is not None, BLOCK_H=next_pow2(hs.shape[1]) if hs is not None else 1,
         BLOCK_T=block_t, TABLE_PART=0 < block_t < block_tables.shape[1],
         NORM_CANCELS=DECODE_NORM_CANCELS and hs is not None and has_norm and q.dtype != torch.float32,
-        SPLIT_KEYS=split_keys,
     )  # fmt: skip
     partials = (part_out, part_lse) if num_splits > 1 and not fused_reduce else None
     return DecodeLaunch(args, consts, (b, hk, num_splits), out, warps, stages, partials)

@@ -168,27 +168,6 @@ def test_decode_table_wider_than_registers_holds_part_of_it(regs_max, window, al
     assert torch.equal(part, out)
 
 
-@pytest.mark.parametrize(("window", "alibi"), [(None, False), (70, True)])
-def test_decode_split_keys_per_sequence(window, alibi, monkeypatch):
-    """DECODE_SPLIT_KEYS: a wide batch (batch x KV heads >= SMs; the interpreter counts 4) cuts each
-    sequence into one split a SPLIT_KEYS keys, up to SPLIT_KEYS_MAX: 1 key and 20 keys stay whole
-    (written directly), 75 and 130 keys take 3 and 4 splits merged by the last to arrive; the same
-    launch twice (the arrival counters reset), against the reference."""
-    ctx = [1, 20, 75, 130]
-    monkeypatch.setattr(pa, "DECODE_SPLIT_KEYS", 32)
-    monkeypatch.setattr(pa, "SPLIT_KEYS_MAX", 4)
-    q, kc, vc, bt, _, sl = make_paged(ctx, [1] * len(ctx), H, HK, D, 16, torch.float32)
-    slopes = alibi_slopes(H) if alibi else None
-    launch = pa.decode_launch(q, kc, vc, bt, sl, SCALE, window, slopes, max_seq_len=max(ctx))
-    assert launch.grid == (len(ctx), HK, 4) and launch.consts["SPLIT_KEYS"] == 32
-    expect = ref.decode_attention(q, kc, vc, bt, sl, SCALE, window, slopes)
-    for _ in range(2):
-        out = paged_decode_attention(q, kc, vc, bt, sl, SCALE, window, slopes, max_seq_len=max(ctx))
-        assert max_err(out, expect) < ATOL[torch.float32]
-    monkeypatch.setattr(pa, "DECODE_SPLIT_KEYS", 0)  # off: the wide batch unsplit
-    assert pa.decode_launch(q, kc, vc, bt, sl, SCALE, max_seq_len=max(ctx)).grid[2] == 1
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(
     ("window", "alibi", "num_splits"), [(9, False, 1), (30, False, 4), (None, True, 3), (25, True, 2)]
