@@ -1018,7 +1018,8 @@ def decode_launch(
     if key == "16bit" and wide:
         key = wide_config_key(table_regs)
     block_n, warps, stages = DECODE_CONFIGS[key]
-    block_t = min(entries, max(cap, next_pow2(block_n // bs + 1))) if table_regs else 0  # chunks >= a tile
+    # a part-held row's chunk, (block_t - 1) blocks rounded down to whole tiles, holds at least one tile
+    block_t = min(entries, max(cap, next_pow2(-(-block_n // bs) + 1))) if table_regs else 0
     if peel:
         stages = PEEL_STAGES
         if key == "16bit":
