@@ -36,7 +36,7 @@ def _tile_offsets(bt_row, start, hi, kvh, d, d_mask, NUM_KV_HEADS: tl.constexpr,
         n_mask = offs_n < hi
         if BLOCK_T > 0:
             entry = offs_n // BLOCK_SIZE
-            if t0 is not None:  # the tiles start at or past the split's first block, entry t0
+            if t0 is not None:  # the tiles start at or past block t0 (their chunk's first)
                 entry = entry - t0
             blk = tl.gather(bt_regs, tl.minimum(entry, BLOCK_T - 1), 0).to(tl.int64)
         else:
@@ -255,6 +255,14 @@ def _new_v(v_new_ptr, b, stride_vb, kvh, d, d_mask, rs, HEAD_DIM: tl.constexpr, 
     return v
 
 
+@triton.jit
+def _held_entries(bt_row, t0, hi, BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Block-table entries t0 .. t0 + BLOCK_T - 1 of a row (BLOCK_T,), those past the blocks of keys < hi
+    not read."""
+    t = t0 + tl.arange(0, BLOCK_T)
+    return tl.load(bt_row + t, mask=t < tl.cdiv(hi, BLOCK_SIZE), other=0)
+
+
 @kernel
 def _decode_kernel(
     q_ptr,  # (batch, num_heads, head_dim), last dim contiguous
@@ -312,7 +320,7 @@ def _decode_kernel(
     ROW_SCALE: tl.constexpr,  # FUSE_QK: q, k and v times 1 / rms(h) first (NewTokenQK.row_scale)
     BLOCK_H: tl.constexpr,  # >= hidden (ROW_SCALE)
     BLOCK_T: tl.constexpr,  # > 0: the block-table row held in registers (DECODE_TABLE_REGS)
-    TABLE_PART: tl.constexpr,  # BLOCK_T < the row's width: BLOCK_T entries from the split's first block
+    TABLE_PART: tl.constexpr,  # BLOCK_T < the row's width: BLOCK_T entries from each chunk's first block
     NORM_CANCELS: tl.constexpr,  # ROW_SCALE and HAS_NORM: q and k skip the row scale (DECODE_NORM_CANCELS)
 ):
     """One (sequence, KV head, split) per program: grid (batch, num_kv_heads, NUM_SPLITS), or
@@ -347,10 +355,7 @@ def _decode_kernel(
     bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
     bt_regs = None
     if BLOCK_T > 0:  # written before the step: read before the wait and the new token's work
-        t = tl.arange(0, BLOCK_T)
-        if TABLE_PART:  # from the split's first block
-            t = s_lo // BLOCK_SIZE + t
-        bt_regs = tl.load(bt_row + t, mask=t < tl.cdiv(s_hi, BLOCK_SIZE), other=0)
+        bt_regs = _held_entries(bt_row, s_lo // BLOCK_SIZE if TABLE_PART else 0, s_hi, BLOCK_SIZE, BLOCK_T)
     if PEEL:  # the first tile's K/V asked for before the new token's q/k work (they do not depend on it)
         k0, v0, offs0 = _tile_kv(k_cache_ptr, v_cache_ptr, bt_row, s_lo, s_hi, kvh, d, d_mask, NUM_KV_HEADS,
                                  HEAD_DIM, BLOCK_SIZE, BLOCK_N, True)  # fmt: skip
@@ -454,8 +459,7 @@ def _decode_kernel(
                     scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
                     True, False, HAS_ALIBI, DOT_PREC, bt_regs, BLOCK_T, c_lo // BLOCK_SIZE,
                 )  # fmt: skip
-            t = (c_lo + CHUNK) // BLOCK_SIZE + tl.arange(0, BLOCK_T)
-            bt_regs = tl.load(bt_row + t, mask=t < tl.cdiv(s_hi, BLOCK_SIZE), other=0)
+            bt_regs = _held_entries(bt_row, (c_lo + CHUNK) // BLOCK_SIZE, s_hi, BLOCK_SIZE, BLOCK_T)
     else:
         for start in range(mid, s_hi, BLOCK_N):
             acc, m_i, l_i = _attend_tile(

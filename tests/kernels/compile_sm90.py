@@ -91,11 +91,7 @@ def _launches(dtype: torch.dtype):
             # a table wider than TABLE_REGS_MAX (graphs of a 40,960-token max_model_len): part of it held
             wide_bt = torch.zeros((2, 2560), dtype=torch.int32)
             wide_bt[:, : bt.shape[1]] = bt[:2]
-            pa.DECODE_TABLE_PART, part = True, pa.DECODE_TABLE_PART
-            try:
-                paged_decode_attention(qkv[:2, :16], kc, vc, wide_bt, sl, 0.1, new_token=folded, num_splits=1)
-            finally:
-                pa.DECODE_TABLE_PART = part
+            paged_decode_attention(qkv[:2, :16], kc, vc, wide_bt, sl, 0.1, new_token=folded, num_splits=1)
             one = NewTokenQK(qkv[:1, 16:24], qkv[:1, 24:], w[:128], w[:128], 1e-6, torch.arange(1),
                              torch.randn(16, 128), torch.arange(1))  # fmt: skip
             # batch 1: launched with programmatic dependent launch (kernels.pdl)

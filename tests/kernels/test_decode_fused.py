@@ -68,7 +68,7 @@ def test_fused_decode_matches_reference(dtype, num_splits, norm, one_loop, peel,
     """peel (split launches at batch 1): each split's first tile asked for before the new token's work,
     the new row patched in from registers; 70 keys in 3 splits of 16-key tiles run a peeled tile and a
     loop. table: the block-table row held in registers, read per tile, or ("part") two entries of it
-    held and the blocks past them read per tile."""
+    held at a time, each 16-key chunk's entries read after the chunk before."""
     monkeypatch.setattr(paged_attention, "DECODE_ONE_LOOP", one_loop)
     monkeypatch.setattr(paged_attention, "DECODE_PEEL", peel)
     monkeypatch.setattr(paged_attention, "DECODE_TABLE_REGS", bool(table))
