@@ -117,3 +117,29 @@ def attention_block(
     )  # fmt: skip
     o = paged_attention(q, kv_cache[0], kv_cache[1], meta, scale, sliding_window)
     return o.reshape(t, q_size)
+
+
+def projected_decode_attention(
+    residual: torch.Tensor,  # (batch, hidden): the residual stream, un-normalized
+    qkv_weight: torch.Tensor,  # ((num_heads + 2 * num_kv_heads) * head_dim, hidden): the input norm folded in
+    num_heads: int,
+    num_kv_heads: int,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+    row_eps: float,  # the folded input norm's
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    kv_cache: tuple[torch.Tensor, torch.Tensor],
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:  # (batch, num_heads * head_dim)
+    """A decode-only step's qkv projection and attention where ops.qkv_epilogue_fits: the projection runs
+    the q/k norm, RoPE, row scale and K/V store in its epilogue, the attention walks the cache alone."""
+    if meta.prefill_block_tables is not None:
+        raise ValueError("projected_decode_attention is for decode-only steps")
+    q = ops.qkv_new_token(residual, qkv_weight, num_heads, num_kv_heads, q_norm_weight, k_norm_weight, eps,
+                          row_eps, positions, cos_sin, *kv_cache, meta.slot_mapping)  # fmt: skip
+    o = paged_attention(q, kv_cache[0], kv_cache[1], meta, scale, sliding_window)
+    return o.reshape(q.shape[0], -1)

@@ -31,7 +31,7 @@ BLOCK_SIZE = 16
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 KERNELS = [
     "decode", "prefill", "store_kv", "rms_norm", "fused_add_rms_norm", "rope", "qk_norm_rope_store",
-    "silu_and_mul", "bitmask", "gemv", "sample", "order",
+    "silu_and_mul", "bitmask", "gemv", "sample", "order", "qkv_new_token",
 ]  # fmt: skip
 
 
@@ -304,6 +304,27 @@ def build_cases(dtype, device, tiny: bool, only: set[str]) -> list[Case]:
             wrong = lambda lens=lens: float(longest_first(lens).tolist() != ref.longest_first(lens).tolist())
             cases.append(Case(
                 "order", f"{b} rows", lambda lens=lens: longest_first(lens), argsort, 8 * b, check=wrong,
+                ref_graph=True,
+            ))  # fmt: skip
+    if "qkv_new_token" in only:  # the wide folded decode steps' qkv projection with the new token's work
+        from kernels.qkv_new_token import qkv_new_token
+
+        heads = NUM_HEADS + 2 * NUM_KV_HEADS
+        for b in [5] if tiny else [160, 256]:
+            x = _randn(b, HIDDEN, dtype=dtype, device=device)
+            w = _randn(heads * HEAD_DIM, HIDDEN, dtype=dtype, device=device) * HIDDEN**-0.5
+            inv_freq = 1.0 / (1_000_000 ** (torch.arange(0, HEAD_DIM, 2, device=device).float() / HEAD_DIM))
+            nw = [_randn(HEAD_DIM, dtype=dtype, device=device) for _ in range(2)]
+            nb = b // BLOCK_SIZE + 2
+            kc = torch.zeros(nb, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, dtype=dtype, device=device)
+            slots = torch.randperm(nb * BLOCK_SIZE, device=device)[:b]
+            pos = torch.randint(0, 8192, (b,), device=device)
+            args = (x, w, NUM_HEADS, NUM_KV_HEADS, nw[0], nw[1], 1e-6, 1e-6, pos,
+                    ref.rope_cos_sin(inv_freq, 8192), kc, torch.zeros_like(kc), slots)  # fmt: skip
+            cases.append(Case(
+                "qkv_new_token", f"{b}x{heads * HEAD_DIM}x{HIDDEN}", lambda a=args: qkv_new_token(*a),
+                lambda a=args: ref.qkv_new_token(*a), (w.numel() + 2 * x.numel()) * elt,
+                flops=2 * b * w.numel(), check=lambda a=args: _err(qkv_new_token(*a), ref.qkv_new_token(*a)),
                 ref_graph=True,
             ))  # fmt: skip
     return cases + _gemv_sample_cases(dtype, device, tiny, only)

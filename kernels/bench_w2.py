@@ -20,7 +20,9 @@ together) and `contiguous` (each sequence's blocks one run). The new token's wor
 (`--new-token`): `fused` (q/k norm, RoPE and the K/V store in the launch), `folded` (the same after the
 row's 1 / rms, as a model with folded norms runs it), `none` (the cache walked alone: what that work
 costs the launch) or `separate` (fused's work as a launch of its own, kernels.qk_norm_rope, before the
-attention over the cache).
+attention over the cache). Two modes time the qkv projection with it, all 28 layers' weights in turn:
+`gemm` (cuBLAS's projection of the un-normalized residual, then `folded`) and `epilogue`
+(kernels.qkv_new_token, the work in the projection's epilogue, then the cache walked alone).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import argparse
 
 import torch
 
-from kernels.bench import BLOCK_SIZE, HEAD_DIM, HIDDEN, NUM_KV_HEADS, Timer, _new_token, _randn
+from kernels.bench import BLOCK_SIZE, HEAD_DIM, HIDDEN, NUM_HEADS, NUM_KV_HEADS, Timer, _new_token, _randn
 
 LAYERS = 28
 WIDE_CONFIGS = [(128, 4, 3), (64, 4, 3), (64, 4, 4), (128, 4, 2), (64, 8, 3), (32, 4, 4), (128, 8, 3)]
@@ -93,10 +95,45 @@ def _batch(ctx: list[int], rows: list[int], layout: str, pool, dtype, device, ge
         tables = torch.nn.functional.pad(tables, (0, table_width - per_seq))
     seq_lens = torch.tensor(ctx, dtype=torch.int32, device=device)
     q, new = _new_token(seq_lens, tables, dtype, device)
-    if new_token == "folded":
+    if new_token in ("folded", "gemm", "epilogue"):
         hidden = _randn(len(ctx), HIDDEN, dtype=dtype, device=device)
         new = new._replace(row_scale=hidden, row_eps=1e-6)
+    if new_token in ("gemm", "epilogue"):
+        return q, tables, seq_lens, new, new_token
     return q, tables, seq_lens, (None if new_token == "none" else new), new_token == "separate"
+
+
+_QKV_WEIGHTS: list[torch.Tensor] = []
+
+
+def _qkv_weights(dtype, device) -> list[torch.Tensor]:
+    """LAYERS qkv weights at Qwen3-0.6B's shape (each layer's read from memory, as the engine's); one on
+    the CPU (the interpreter's smoke runs)."""
+    if not _QKV_WEIGHTS or _QKV_WEIGHTS[0].device != device or _QKV_WEIGHTS[0].dtype != dtype:
+        n, layers = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM, LAYERS if device.type == "cuda" else 1
+        scale = HIDDEN**-0.5
+        _QKV_WEIGHTS[:] = [_randn(n, HIDDEN, dtype=dtype, device=device) * scale for _ in range(layers)]
+    return _QKV_WEIGHTS
+
+
+def _project_attend(mode: str, pool, tables, seq_lens, new, order, bound) -> None:
+    """One step's qkv projection and decode attention over every layer's weights: `gemm` (cuBLAS, then
+    the folded launch) or `epilogue` (kernels.qkv_new_token, then the cache walked alone)."""
+    from kernels import paged_attention as pa
+    from kernels.qkv_new_token import qkv_new_token
+
+    h = new.row_scale
+    for w in _qkv_weights(h.dtype, h.device):
+        if mode == "gemm":
+            qkv = torch.nn.functional.linear(h, w).view(h.shape[0], NUM_HEADS + 2 * NUM_KV_HEADS, HEAD_DIM)
+            q, k, v = qkv.split([NUM_HEADS, NUM_KV_HEADS, NUM_KV_HEADS], dim=1)
+            nt = new._replace(k=k, v=v)
+        else:
+            q = qkv_new_token(h, w, NUM_HEADS, NUM_KV_HEADS, new.q_norm_weight, new.k_norm_weight, new.eps,
+                              new.row_eps, new.positions, new.cos_sin, *pool, new.slot_mapping)  # fmt: skip
+            nt = None
+        pa.paged_decode_attention(q, pool[0], pool[1], tables, seq_lens, HEAD_DIM**-0.5, max_seq_len=bound,
+                                  new_token=nt, order=order)  # fmt: skip
 
 
 def _attend(q, pool, tables, seq_lens, new, separate: bool, order, bound):
@@ -164,7 +201,13 @@ def _replay(configs, keys, batches, pool, stride: int, timer: Timer, device) -> 
             fn = lambda q=q, tb=tables, sl=seq_lens, nt=new, sep=separate, o=order, m=bound: _attend(
                 q, pool, tb, sl, nt, sep, o, m
             )
-            sec = timer.graph(fn) or timer.eager(fn)
+            layers = 1
+            if separate in ("gemm", "epilogue"):  # every layer's projection in the timed graph
+                fn = lambda tb=tables, sl=seq_lens, nt=new, mode=separate, o=order, m=bound: _project_attend(
+                    mode, pool, tb, sl, nt, o, m
+                )
+                layers = len(_qkv_weights(pool[0].dtype, pool[0].device))
+            sec = (timer.graph(fn) or timer.eager(fn)) / layers
             nbytes = sum(ctx) * NUM_KV_HEADS * HEAD_DIM * 2 * pool[0].element_size()
             cells.append(f"{t}:B{len(ctx)} {sec * 1e6:.1f} ({nbytes / sec / 1e12:.2f})")
             total += sec * stride * LAYERS
@@ -206,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--new-token",
         default="fused",
-        help="space-separated: fused, folded, none, separate (the new token's work)",
+        help="space-separated: fused, folded, none, separate (the new token's work); gemm, epilogue (with "
+        "the qkv projection)",
     )
     parser.add_argument(
         "--table-width",
@@ -238,7 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         configs = [(16, 4, 1)]
     torch.manual_seed(0)
     layouts = _names(parser, "--layouts", args.layouts, ("shuffled", "engine", "contiguous"))
-    new_tokens = _names(parser, "--new-token", args.new_token, ("fused", "folded", "none", "separate"))
+    new_tokens = _names(
+        parser, "--new-token", args.new_token, ("fused", "folded", "none", "separate", "gemm", "epilogue")
+    )
     timer = Timer(device, reps, False)
     stride = 4 if args.tiny else args.stride
     replay(configs, layouts, stride, timer, dtype, device, args.tiny, new_tokens, args.table_width)

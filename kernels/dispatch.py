@@ -440,14 +440,66 @@ def folded_decode_layer_tail(
     a: torch.Tensor,  # (M, A): the attention output
     residual: torch.Tensor,  # (M, H), updated in place
     w: ref.TailWeights,  # norm2 and norm1_next folded into gate_up and qkv_next (their weights ones)
-) -> tuple[torch.Tensor, torch.Tensor]:  # (next qkv of the un-normalized residual (M, NQ), residual)
+    qkv: bool = True,  # False: the next layer projects the residual itself (qkv_new_token)
+) -> tuple[torch.Tensor | None, torch.Tensor]:  # (next qkv of the un-normalized residual (M, NQ), residual)
     """decode_layer_tail of a folded model, its next qkv left for row_scaled(qkv, residual, w.eps1_next)
     (the decode attention applies it: qk_norm_rope_decode_attention's row_scale)."""
     residual.addmm_(a, w.o.t())  # residual + o
     gate_up = torch.nn.functional.linear(residual, w.gate_up)
     y = silu_and_mul(gate_up, (residual, w.eps2))
     residual.addmm_(y, w.down.t())
-    return torch.nn.functional.linear(residual, w.qkv_next), residual
+    return (torch.nn.functional.linear(residual, w.qkv_next) if qkv else None), residual
+
+
+# Wide folded decode steps from QKV_EPILOGUE_MIN_M rows: a layer's qkv projection of the residual stream
+# runs the new token's q/k norm, RoPE, row scale and K/V store in its epilogue (kernels.qkv_new_token), and
+# its decode attention only walks the cache. Below, cuBLAS's projection and the fused attention launch
+# are faster (the Triton GEMM's ~11 us against cuBLAS's 6-6.5 us outweighs the attention's gain).
+QKV_EPILOGUE = True
+QKV_EPILOGUE_MIN_M = 133
+
+
+def qkv_epilogue_fits(x: torch.Tensor, weight: torch.Tensor, head_dim: int) -> bool:
+    """Whether qkv_new_token takes the folded projection `weight` of the residual rows x (M, hidden)."""
+    half = head_dim // 2
+    return (
+        QKV_EPILOGUE
+        and use_triton(x)
+        and x.dim() == 2
+        and x.shape[0] >= QKV_EPILOGUE_MIN_M
+        and x.dtype in (torch.float16, torch.bfloat16)
+        and weight.dtype == x.dtype
+        and weight.is_contiguous()
+        and x.stride(-1) == 1
+        and head_dim % 2 == 0
+        and half & (half - 1) == 0
+        and x.shape[1] % 128 == 0
+    )
+
+
+def qkv_new_token(
+    x: torch.Tensor,  # (M, hidden): the residual stream, un-normalized
+    weight: torch.Tensor,  # ((num_heads + 2 * num_kv_heads) * head_dim, hidden), the input norm folded in
+    num_heads: int,
+    num_kv_heads: int,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+    row_eps: float,
+    positions: torch.Tensor,  # (M,)
+    cos_sin: torch.Tensor,  # (max_positions, head_dim) float32
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # (M,); < 0 = padding
+) -> torch.Tensor:  # (M, num_heads, head_dim): q, normed and rotated
+    """reference.qkv_new_token: the new k and v into the cache, q returned; one launch on CUDA."""
+    args = (x, weight, num_heads, num_kv_heads, q_norm_weight, k_norm_weight, eps, row_eps, positions,
+            cos_sin.contiguous(), k_cache, v_cache, slot_mapping)  # fmt: skip
+    if use_triton(x):
+        from kernels.qkv_new_token import qkv_new_token as triton_qkv_new_token
+
+        return triton_qkv_new_token(*args)
+    return ref.qkv_new_token(*args)
 
 
 def sample_tokens(

@@ -237,6 +237,31 @@ def qk_norm_rope_store_kv(
     return q, k
 
 
+def qkv_new_token(
+    x: torch.Tensor,  # (M, K): the residual stream, un-normalized
+    weight: torch.Tensor,  # ((num_heads + 2 * num_kv_heads) * head_dim, K): the input norm folded in
+    num_heads: int,
+    num_kv_heads: int,
+    q_norm_weight: torch.Tensor | None,  # (head_dim,) or None
+    k_norm_weight: torch.Tensor | None,
+    eps: float,  # the q/k norms'
+    row_eps: float,  # the folded input norm's
+    positions: torch.Tensor,  # (M,) int
+    cos_sin: torch.Tensor,  # (max_positions, head_dim) float32
+    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # (M,); < 0 = padding, not written
+) -> torch.Tensor:  # (M, num_heads, head_dim)
+    """A decode step's qkv projection of the un-normalized residual stream, row-scaled (row_scaled), then
+    qk_norm_rope_store_kv: the new k and v into the cache, q (normed, rotated) returned."""
+    m, d = x.shape[0], cos_sin.shape[1]
+    qkv = row_scaled(linear(x, weight), x, row_eps).view(m, num_heads + 2 * num_kv_heads, d)
+    q, k, v = qkv.split([num_heads, num_kv_heads, num_kv_heads], dim=1)
+    q, _ = qk_norm_rope_store_kv(q, k, v, q_norm_weight, k_norm_weight, eps, positions, cos_sin, k_cache,
+                                 v_cache, slot_mapping)  # fmt: skip
+    return q
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     # x (M, K), weight (N, K), bias (N,) -> (M, N)
     return F.linear(x, weight, bias)

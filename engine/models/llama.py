@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.attention import AttentionMetadata, attention_block
+from engine.attention import AttentionMetadata, attention_block, projected_decode_attention
 from kernels import dispatch as ops
 from kernels import reference as ref
 
@@ -63,6 +63,23 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.sliding_window = _layer_sliding_window(config, layer_idx)
+
+    def attend_residual(
+        self,
+        residual: torch.Tensor,  # (num_tokens, hidden); the input norm is folded into qkv_proj
+        row_eps: float,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # (num_tokens, q_size)
+        """attend of qkv_proj(rms_norm(residual)) for a decode-only step where ops.qkv_epilogue_fits."""
+        return projected_decode_attention(
+            residual, self.qkv_proj.weight, self.num_heads, self.num_kv_heads,
+            self.q_norm.weight if self.qk_norm else None, self.k_norm.weight if self.qk_norm else None,
+            self.q_norm.eps if self.qk_norm else 0.0, row_eps, positions, cos_sin, kv_cache, meta, self.scale,
+            self.sliding_window,
+        )  # fmt: skip
 
     def attend(
         self,
@@ -137,7 +154,7 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self, qkv, residual, positions, cos_sin, kv_cache, meta, tail: ref.TailWeights,
-        raw_in: bool = False, fold: bool = False,
+        raw_in: bool = False, fold: bool = False, qkv_out: bool = True,
     ):  # fmt: skip
         """qkv: (num_tokens, q_size + 2 * kv_size), this layer's projected input; residual: the stream so
         far; tail: tail_weights(the next layer). Returns (the next layer's qkv, residual), or (the MLP
@@ -145,11 +162,17 @@ class DecoderLayer(nn.Module):
         that reads it, and at decode batch 1 the whole tail from o_proj to the next layer's qkv is one
         launch (ops.decode_layer_tail). raw_in: qkv is of the residual without its RMSNorm (the weights
         folded, LlamaForCausalLM.fold_norms); fold: this tail returns such a qkv
-        (ops.folded_decode_layer_tail)."""
-        row_scale = (residual, self.input_layernorm.eps) if raw_in else None
-        a = self.self_attn.attend(qkv, positions, cos_sin, kv_cache, meta, row_scale)  # (num_tokens, q_size)
+        (ops.folded_decode_layer_tail). qkv None: this layer projects the residual itself, with the new
+        token's work in the projection (Attention.attend_residual); qkv_out False: a folded tail leaves
+        the next layer's qkv to it."""
+        if qkv is None:
+            eps = self.input_layernorm.eps
+            a = self.self_attn.attend_residual(residual, eps, positions, cos_sin, kv_cache, meta)
+        else:
+            row_scale = (residual, self.input_layernorm.eps) if raw_in else None
+            a = self.self_attn.attend(qkv, positions, cos_sin, kv_cache, meta, row_scale)  # (tokens, q_size)
         if fold:
-            return ops.folded_decode_layer_tail(a, residual, tail)
+            return ops.folded_decode_layer_tail(a, residual, tail, qkv=qkv_out)
         return ops.decode_layer_tail(a, residual, tail)
 
 
@@ -182,9 +205,13 @@ class LlamaForCausalLM(nn.Module):
         # decode-only steps of a folded model: tails without norm launches (ops.folded_tail_fits)
         fold = self.norms_folded and meta.prefill_block_tables is None
         raw = False  # the previous tail was folded: this layer's qkv is of the un-normalized residual
-        for layer, kv, tail in zip(self.layers, kv_caches, self._tails(), strict=True):
-            f = fold and ops.folded_tail_fits(x.shape[0], tail)
-            x, residual = layer(x, residual, positions, self.cos_sin, kv, meta, tail, raw_in=raw, fold=f)
+        m = residual.shape[0]
+        for i, (layer, kv, tail) in enumerate(zip(self.layers, kv_caches, self._tails(), strict=True)):
+            f = fold and ops.folded_tail_fits(m, tail)
+            # the next layer projects the residual itself, the new token's work in that projection
+            e = f and ops.qkv_epilogue_fits(residual, tail.qkv_next, self.layers[i + 1].self_attn.head_dim)
+            x, residual = layer(x, residual, positions, self.cos_sin, kv, meta, tail, raw_in=raw, fold=f,
+                                qkv_out=not e)  # fmt: skip
             raw = f
         if not final_norm:
             return x, residual

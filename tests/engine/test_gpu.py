@@ -128,20 +128,27 @@ def test_wide_batch_longest_first_matches_plain_dispatch(ckpt, monkeypatch):
     assert got[True, True] == got[False, True]
 
 
-def test_folded_norms_match_hf(tmp_path_factory, monkeypatch):
+@pytest.mark.parametrize("epilogue", [False, True])
+def test_folded_norms_match_hf(tmp_path_factory, monkeypatch, epilogue):
     """bf16 on CUDA folds each RMSNorm's weight into the projection after it (engine.models.loader
     FOLD_NORMS), so wide decode steps run no norm launch (kernels.dispatch.FOLDED_TAIL: the residual
     adds in the cuBLAS GEMMs, 1 / rms applied by the SiLU and the decode attention). On norms that are
-    not ones, greedy tokens equal HF's up to near-ties, with CUDA graphs and eager."""
+    not ones, greedy tokens equal HF's up to near-ties, with CUDA graphs and eager. With `epilogue`
+    (dispatch.QKV_EPILOGUE_MIN_M lowered to every folded step), the layers after the first project the
+    residual with the new token's work in the projection (kernels.qkv_new_token)."""
     from engine.models.tiny import build_checkpoint
     from kernels import dispatch
 
     path = build_checkpoint(tmp_path_factory.mktemp("gpu-norms"), "qwen3", shape=SHAPE, norm_spread=0.3)
     ps = prompts()
     ref = hf_greedy(path, torch.bfloat16, ps)
-    calls = []
-    folded = dispatch.folded_decode_layer_tail
-    monkeypatch.setattr(dispatch, "folded_decode_layer_tail", lambda *a: calls.append(1) or folded(*a))
+    calls, projected = [], []
+    folded, qkv_new_token = dispatch.folded_decode_layer_tail, dispatch.qkv_new_token
+    monkeypatch.setattr(
+        dispatch, "folded_decode_layer_tail", lambda *a, **k: calls.append(1) or folded(*a, **k)
+    )
+    monkeypatch.setattr(dispatch, "qkv_new_token", lambda *a: projected.append(1) or qkv_new_token(*a))
+    monkeypatch.setattr(dispatch, "QKV_EPILOGUE_MIN_M", dispatch.FOLD_MIN_M if epilogue else 1 << 30)
     ties = {}
     for eager in (False, True):
         llm = LLM(path, dtype="bfloat16", max_model_len=1024, enforce_eager=eager)
@@ -149,7 +156,9 @@ def test_folded_norms_match_hf(tmp_path_factory, monkeypatch):
         ties[eager] = compare([o.token_ids for o in llm.generate(ps, GREEDY)], ref, bf16_tie)
         del llm
     assert calls  # the wide decode steps took the folded tails (captured in the graphs, and eager)
-    print(f"bf16 folded norms: {len(ps)} prompts, near-tie divergences (eager: graphs) {ties}")
+    assert bool(projected) == epilogue
+    print(f"bf16 folded norms (epilogue {epilogue}): {len(ps)} prompts, near-tie divergences (eager: graphs) "
+          f"{ties}")  # fmt: skip
 
 
 def test_fp32_parity(ckpt):

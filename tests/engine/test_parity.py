@@ -140,11 +140,14 @@ def test_prefix_cache_parity(arch_case, block_size):
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
-def test_folded_norms_parity(checkpoint_factory, arch, monkeypatch):
+@pytest.mark.parametrize("epilogue", [False, True])
+def test_folded_norms_parity(checkpoint_factory, arch, epilogue, monkeypatch):
     """RMSNorm weights folded into the projections after them (LlamaForCausalLM.fold_norms, what 16-bit
     models on CUDA get): decode steps of 5 rows or more skip the norms (kernels.dispatch.FOLDED_TAIL,
     the residual adds in the projections, each row's 1 / rms applied by the SiLU and the attention), on
-    weights whose norms are not ones; greedy tokens equal HF's up to near-ties."""
+    weights whose norms are not ones; greedy tokens equal HF's up to near-ties. With `epilogue`, those
+    steps' layers after the first project the residual with the new token's work in the projection
+    (dispatch.qkv_new_token, which CUDA takes from QKV_EPILOGUE_MIN_M rows; here its reference)."""
     from kernels import dispatch
 
     path = checkpoint_factory(arch, norm_spread=0.3)
@@ -158,15 +161,19 @@ def test_folded_norms_parity(checkpoint_factory, arch, monkeypatch):
     assert torch.allclose(layer.mlp.gate_up_proj.weight, before[0] * before[1][None, :])
     with pytest.raises(RuntimeError, match="already folded"):
         model.fold_norms()
-    calls = []
-    folded = dispatch.folded_decode_layer_tail
+    calls, projected = [], []
+    folded, qkv_new_token = dispatch.folded_decode_layer_tail, dispatch.qkv_new_token
 
-    def counted(*args):
+    def counted(*args, **kwargs):
         calls.append(args[0].shape[0])
-        return folded(*args)
+        return folded(*args, **kwargs)
 
     monkeypatch.setattr(dispatch, "folded_decode_layer_tail", counted)
+    if epilogue:
+        monkeypatch.setattr(dispatch, "qkv_epilogue_fits", lambda x, w, d: True)
+        monkeypatch.setattr(dispatch, "qkv_new_token", lambda *a: projected.append(1) or qkv_new_token(*a))
     prompts = make_prompts(seed=3, n=12)
     ties = assert_parity(hf, prompts, llm.generate(prompts, GREEDY))
     assert calls and min(calls) >= dispatch.FOLD_MIN_M  # the wide decode steps took the folded tails
+    assert len(projected) == (len(calls) if epilogue else 0)  # each folded tail's next layer projected
     print(f"{arch}/folded norms: {len(calls)} folded tails, near-tie divergences: {ties}")

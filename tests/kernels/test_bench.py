@@ -91,6 +91,11 @@ def test_w2_replay_tiny_cpu_run(capsys, monkeypatch):
     ]
     assert out.count("(16, 4, 1): W2 total") == 4 and "0:B2 " in out and "8:B1 " in out
     assert out.splitlines()[-1].startswith("best (16, 4, 1):")
+    # with the qkv projection: cuBLAS's then the folded launch, or kernels.qkv_new_token then the walk
+    assert bench_w2.main(["--tiny", "--layouts", "engine", "--new-token", "gemm epilogue"]) == 0
+    out = capsys.readouterr().out
+    assert "# layout engine, new token gemm" in out and "# layout engine, new token epilogue" in out
+    assert out.count("(16, 4, 1): W2 total") == 2
     # tables as wide as a long max_model_len makes them, wider than the registers hold (part held)
     monkeypatch.setattr(paged_attention, "TABLE_REGS_MAX", 2)
     monkeypatch.setattr(paged_attention, "DECODE_TABLE_PART", True)

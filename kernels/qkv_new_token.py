@@ -1,0 +1,172 @@
+"""The qkv projection of a decode step's new tokens with their whole pre-attention work in its epilogue:
+q = x @ W_q^T, k and v likewise, from the residual stream x read un-normalized (the layer's input RMSNorm
+folded into W, engine.models.llama's fold_norms), then per head the q/k RMSNorm and RoPE, k and v times
+1 / rms(x's row) where no q/k norm cancels it, k and v written into their cache slots and q returned
+(matches reference.qkv_new_token). The decode attention after it only walks the cache
+(kernels.paged_attention without a NewTokenQK): the wide decode steps' attention launch no longer runs
+the new token's chain of loads and reductions before its first tile.
+
+One program computes one head (head_dim columns, as two halves: RoPE pairs column j with j + half) for
+BLOCK_M rows, so each norm's sum stays inside the program; the rows' sums of squares for 1 / rms are
+taken from the same x tiles the matrix product reads."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._jit import is_interpreting, kernel, next_pow2
+
+
+@kernel
+def _qkv_new_token_kernel(
+    x_ptr,  # (M, K): the residual stream, rows contiguous
+    w_ptr,  # (num_heads + 2 * num_kv_heads) * head_dim, K): the folded qkv weight, contiguous
+    q_ptr,  # (M, num_heads, head_dim) out: q after its norm and RoPE
+    qw_ptr,  # (head_dim,) q norm weight; unused unless HAS_NORM
+    kw_ptr,  # (head_dim,)
+    pos_ptr,  # (M,) int
+    cs_ptr,  # (max_positions, head_dim) float32: [cos | sin]
+    k_cache_ptr,  # (num_slots, num_kv_heads, head_dim) contiguous
+    v_cache_ptr,
+    slot_ptr,  # (M,) int; < 0 = padding, not written
+    M,
+    stride_xm,
+    eps,  # the q/k norms'
+    row_eps,  # the folded input norm's
+    K: tl.constexpr,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HALF: tl.constexpr,  # head_dim // 2, a power of two
+    HAS_NORM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    head = tl.program_id(0)  # 0..H-1 q, H..H+HK-1 k, then v
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rm = rows < M
+    rows64 = rows.to(tl.int64)
+    j = tl.arange(0, HALF)
+    jj = tl.arange(0, 2 * HALF)
+    kk = tl.arange(0, BLOCK_K)
+    x_p = x_ptr + rows64[:, None] * stride_xm + kk[None, :]  # (BLOCK_M, BLOCK_K)
+    w_p = w_ptr + (head * 2 * HALF + jj).to(tl.int64)[:, None] * K + kk[None, :]  # (2 * HALF, BLOCK_K)
+    # 1 / rms of x's rows, for v (and q, k without a norm that cancels it): a pass of its own before the
+    # product (x's tiles summed inside its pipelined loop came out wrong for some tiles on sm_90)
+    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if head >= NUM_HEADS + NUM_KV_HEADS or not HAS_NORM:
+        for c in tl.static_range(0, K, BLOCK_K):
+            xf = tl.load(x_p + c, mask=rm[:, None], other=0.0).to(tl.float32)
+            ss += tl.sum(xf * xf, axis=1)
+    rs = 1.0 / tl.sqrt(ss / K + row_eps)  # (BLOCK_M,)
+    acc = tl.zeros((BLOCK_M, 2 * HALF), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(x_p + k0, mask=rm[:, None], other=0.0)
+        acc = tl.dot(x, tl.trans(tl.load(w_p + k0)), acc)
+    # the head's two halves (RoPE pairs column j with j + HALF)
+    acc1, acc2 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
+
+    dt = q_ptr.dtype.element_ty
+    ct = k_cache_ptr.dtype.element_ty
+    # the projection's output rounded as the GEMM's would be, then the work on it in float32
+    x1 = acc1.to(dt).to(tl.float32)
+    x2 = acc2.to(dt).to(tl.float32)
+    slot = tl.load(slot_ptr + rows, mask=rm, other=-1).to(tl.int64)
+    if head >= NUM_HEADS + NUM_KV_HEADS:  # v: row-scaled, into the cache
+        hv = head - NUM_HEADS - NUM_KV_HEADS
+        v1 = (x1 * rs[:, None]).to(dt)
+        v2 = (x2 * rs[:, None]).to(dt)
+        dst = v_cache_ptr + slot[:, None] * (NUM_KV_HEADS * 2 * HALF) + hv * 2 * HALF + j[None, :]
+        sm = (slot >= 0)[:, None]
+        tl.store(dst, v1.to(ct), mask=sm)
+        tl.store(dst + HALF, v2.to(ct), mask=sm)
+    else:
+        is_q = head < NUM_HEADS
+        if HAS_NORM:  # the per-head norm cancels the row scale (up to its eps)
+            rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
+            n1 = tl.where(is_q, tl.load(qw_ptr + j), tl.load(kw_ptr + j)).to(tl.float32)
+            n2 = tl.where(is_q, tl.load(qw_ptr + HALF + j), tl.load(kw_ptr + HALF + j)).to(tl.float32)
+            n1, n2 = n1[None, :], n2[None, :]
+            x1 = (n1 * (x1 * rstd[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            x2 = (n2 * (x2 * rstd[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        else:
+            x1 = (x1 * rs[:, None]).to(dt).to(tl.float32)
+            x2 = (x2 * rs[:, None]).to(dt).to(tl.float32)
+        pos = tl.load(pos_ptr + rows, mask=rm, other=0).to(tl.int64)
+        cos = tl.load(cs_ptr + pos[:, None] * (2 * HALF) + j[None, :])  # (BLOCK_M, HALF)
+        sin = tl.load(cs_ptr + pos[:, None] * (2 * HALF) + HALF + j[None, :])
+        r1 = (x1 * cos - x2 * sin).to(dt)
+        r2 = (x2 * cos + x1 * sin).to(dt)
+        if is_q:
+            dst = q_ptr + rows64[:, None] * (NUM_HEADS * 2 * HALF) + head * 2 * HALF + j[None, :]
+            tl.store(dst, r1, mask=rm[:, None])
+            tl.store(dst + HALF, r2, mask=rm[:, None])
+        else:
+            hk = head - NUM_HEADS
+            dst = k_cache_ptr + slot[:, None] * (NUM_KV_HEADS * 2 * HALF) + hk * 2 * HALF + j[None, :]
+            sm = (slot >= 0)[:, None]
+            tl.store(dst, r1.to(ct), mask=sm)
+            tl.store(dst + HALF, r2.to(ct), mask=sm)
+
+
+# (BLOCK_M, BLOCK_K, warps, stages) by the rows of the step: one program a head and BLOCK_M rows
+CONFIGS = {128: (32, 128, 4, 3), 1 << 30: (64, 128, 4, 3)}
+INTERPRET_CONFIG = (16, 64, 4, 1)
+
+
+def pick_config(m: int, interpret: bool) -> tuple[int, int, int, int]:
+    if interpret:
+        return INTERPRET_CONFIG
+    return next(c for top, c in sorted(CONFIGS.items()) if m <= top)
+
+
+def qkv_new_token(
+    x: torch.Tensor,  # (M, K): the residual stream, un-normalized
+    weight: torch.Tensor,  # ((num_heads + 2 * num_kv_heads) * head_dim, K), the input norm folded in
+    num_heads: int,
+    num_kv_heads: int,
+    q_norm_weight: torch.Tensor | None,  # (head_dim,) or None (no q/k norm)
+    k_norm_weight: torch.Tensor | None,
+    eps: float,  # the q/k norms'
+    row_eps: float,  # the folded input norm's
+    positions: torch.Tensor,  # (M,) int
+    cos_sin: torch.Tensor,  # (max_positions, head_dim) float32
+    k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # (M,) int; < 0 = padding
+    config: tuple[int, int, int, int] | None = None,  # (BLOCK_M, BLOCK_K, warps, stages)
+) -> torch.Tensor:  # (M, num_heads, head_dim): q, normed and rotated
+    """One launch: reference.qkv_new_token (k and v into the cache, q returned)."""
+    m, kdim = x.shape
+    d = cos_sin.shape[1]
+    heads = num_heads + 2 * num_kv_heads
+    if weight.shape != (heads * d, kdim) or not weight.is_contiguous():
+        raise ValueError(f"weight {tuple(weight.shape)} must be contiguous ({heads * d}, {kdim})")
+    if x.stride(-1) != 1 or x.dtype != weight.dtype:
+        raise ValueError("x must have contiguous rows of weight's dtype")
+    if d % 2 or next_pow2(d // 2) != d // 2:
+        raise ValueError(f"head_dim {d} must be twice a power of two")
+    if cos_sin.dtype != torch.float32 or not cos_sin.is_contiguous():
+        raise ValueError("cos_sin must be contiguous float32")
+    if (q_norm_weight is None) != (k_norm_weight is None):
+        raise ValueError("q_norm_weight and k_norm_weight go together")
+    if k_cache.dim() != 4 or k_cache.shape[2:] != (num_kv_heads, d) or v_cache.shape != k_cache.shape:
+        raise ValueError(f"cache shape {tuple(k_cache.shape)} does not fit {num_kv_heads} heads of {d}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("k_cache and v_cache must be contiguous")
+    if positions.shape != (m,) or slot_mapping.shape != (m,):
+        raise ValueError(f"positions and slot_mapping must be ({m},)")
+    q = torch.empty(m, num_heads, d, dtype=x.dtype, device=x.device)
+    bm, bk, warps, stages = config or pick_config(m, is_interpreting(x))
+    if kdim % bk:
+        raise ValueError(f"K {kdim} must be a multiple of BLOCK_K {bk}")
+    if m:
+        has_norm = q_norm_weight is not None
+        _qkv_new_token_kernel[(heads, triton.cdiv(m, bm))](
+            x, weight, q, q_norm_weight if has_norm else cos_sin, k_norm_weight if has_norm else cos_sin,
+            positions, cos_sin, k_cache, v_cache, slot_mapping, m, x.stride(0), eps, row_eps,
+            K=kdim, NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HALF=d // 2, HAS_NORM=has_norm,
+            BLOCK_M=bm, BLOCK_K=bk,  num_warps=warps, num_stages=stages,
+        )  # fmt: skip
+    return q

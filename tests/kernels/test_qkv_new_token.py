@@ -1,0 +1,81 @@
+"""kernels.qkv_new_token (the qkv projection with the new token's norm, RoPE, row scale and K/V store in
+its epilogue) vs reference.qkv_new_token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import reference as ref
+from kernels.qkv_new_token import qkv_new_token
+from tests.kernels.paged import gpu, max_err
+
+# max abs error: the GEMM's summation order; 16-bit results may differ by a rounding step or two
+ATOL = {torch.float32: 1e-4, torch.float16: 8e-3, torch.bfloat16: 6e-2}
+EPS, ROW_EPS = 1e-6, 1e-5
+
+
+def _randn(*shape, dtype, device, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype).to(device)
+
+
+def _check(dtype, device, m, h, hk, d, hidden, with_norm, config=None):
+    heads = h + 2 * hk
+    x = _randn(m, hidden, dtype=dtype, device=device, seed=0) * 3  # rms ~3: the row scale matters
+    w = _randn(heads * d, hidden, dtype=dtype, device=device, seed=1) * hidden**-0.5
+    qw = (1 + 0.2 * _randn(d, dtype=torch.float32, device=device, seed=2)).to(dtype) if with_norm else None
+    kw = (1 + 0.2 * _randn(d, dtype=torch.float32, device=device, seed=3)).to(dtype) if with_norm else None
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    cos_sin = ref.rope_cos_sin(inv_freq, 512).to(device)
+    pos = torch.randint(0, 512, (m,), generator=torch.Generator().manual_seed(4)).to(device)
+    blocks, bs = m // 4 + 2, 16
+    slots = torch.randperm(blocks * bs, generator=torch.Generator().manual_seed(5))[:m]
+    slots[1::5] = -1  # padding rows write nothing
+    slots = slots.to(device)
+    caches = [_randn(blocks, bs, hk, d, dtype=dtype, device=device, seed=s) for s in (6, 7)]
+    want = [c.clone() for c in caches]
+    q_want = ref.qkv_new_token(x, w, h, hk, qw, kw, EPS, ROW_EPS, pos, cos_sin, *want, slots)
+    q = qkv_new_token(x, w, h, hk, qw, kw, EPS, ROW_EPS, pos, cos_sin, *caches, slots, config=config)
+    assert q.shape == (m, h, d)
+    assert max_err(q, q_want) < ATOL[dtype]
+    assert max_err(caches[0], want[0]) < ATOL[dtype]
+    assert max_err(caches[1], want[1]) < ATOL[dtype]
+    written = slots[slots >= 0]
+    untouched = torch.ones(blocks * bs, dtype=torch.bool, device=device)
+    untouched[written] = False
+    fresh = [_randn(blocks, bs, hk, d, dtype=dtype, device=device, seed=s) for s in (6, 7)]
+    for c, c0 in zip(caches, fresh, strict=True):
+        assert torch.equal(c.view(blocks * bs, hk, d)[untouched], c0.view(blocks * bs, hk, d)[untouched])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("with_norm", [True, False])
+@pytest.mark.parametrize("m", [1, 5, 21])
+def test_qkv_new_token(dtype, with_norm, m):
+    _check(dtype, "cpu", m, 4, 2, 16, 64, with_norm)
+
+
+def test_qkv_new_token_tiles():
+    """Rows over several row tiles and a K loop of several steps, head_dim 32."""
+    _check(torch.float32, "cpu", 37, 2, 1, 32, 96, True, config=(16, 32, 4, 1))
+
+
+def test_qkv_new_token_rejects_bad_shapes():
+    x = torch.zeros(3, 64)
+    w = torch.zeros(8 * 16, 64)
+    cs = torch.zeros(8, 16)
+    cache = torch.zeros(2, 16, 2, 16)
+    ints = torch.zeros(3, dtype=torch.long)
+    with pytest.raises(ValueError, match="weight"):
+        qkv_new_token(x, w[:-1], 4, 2, None, None, EPS, EPS, ints, cs, cache, cache, ints)
+    with pytest.raises(ValueError, match="cache shape"):
+        qkv_new_token(x, w, 4, 2, None, None, EPS, EPS, ints, cs, cache[:, :, :1], cache[:, :, :1], ints)
+    with pytest.raises(ValueError, match="positions"):
+        qkv_new_token(x, w, 4, 2, None, None, EPS, EPS, ints[:2], cs, cache, cache, ints)
+
+
+@pytest.mark.parametrize("m", [7, 64, 200])
+@gpu
+def test_gpu_qkv_new_token(m):
+    """bf16 at Qwen3-0.6B's shape, each row-count configuration."""
+    _check(torch.bfloat16, "cuda", m, 16, 8, 128, 1024, True)
