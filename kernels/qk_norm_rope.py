@@ -85,6 +85,40 @@ def _norm_rotate(x1p, mask, w_ptr, j, jm, cos, sin, eps, HALF: tl.constexpr, HAS
     return r1, r2
 
 
+def check_new_token_args(
+    dtype: torch.dtype,  # q's
+    n: int,  # tokens
+    num_kv_heads: int,
+    head_dim: int,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """ValueError unless the new tokens' norm weights, rotary table, cache and slots fit (this launch's
+    and kernels.qkv_new_token's)."""
+    d = head_dim
+    if (q_norm_weight is None) != (k_norm_weight is None):
+        raise ValueError("q_norm_weight and k_norm_weight go together")
+    if q_norm_weight is not None:
+        for w in (q_norm_weight, k_norm_weight):
+            if w.shape != (d,) or not w.is_contiguous() or w.dtype != dtype:
+                raise ValueError(f"norm weights must be contiguous ({d},) of q's dtype")
+    if cos_sin.dim() != 2 or cos_sin.shape[1] != d or cos_sin.dtype != torch.float32:
+        raise ValueError(f"cos_sin must be (max_positions, {d}) float32")
+    if not cos_sin.is_contiguous():
+        raise ValueError("cos_sin must be contiguous")
+    if k_cache.dim() != 4 or k_cache.shape[2:] != (num_kv_heads, d) or v_cache.shape != k_cache.shape:
+        raise ValueError(f"cache shape {tuple(k_cache.shape)} does not fit {num_kv_heads} KV heads of {d}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("k_cache and v_cache must be contiguous")
+    if positions.shape != (n,) or slot_mapping.shape != (n,):
+        raise ValueError(f"positions and slot_mapping must be ({n},)")
+
+
 def qk_norm_rope_store_kv(
     q: torch.Tensor,  # (num_tokens, num_heads, head_dim)
     k: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
@@ -107,22 +141,8 @@ def qk_norm_rope_store_kv(
         raise ValueError("head_dim must be even, q/k/v with a contiguous last dim")
     if k.dtype != q.dtype:
         raise ValueError("q and k must share a dtype")
-    if (q_norm_weight is None) != (k_norm_weight is None):
-        raise ValueError("q_norm_weight and k_norm_weight go together")
-    if q_norm_weight is not None:
-        for w in (q_norm_weight, k_norm_weight):
-            if w.shape != (d,) or not w.is_contiguous() or w.dtype != q.dtype:
-                raise ValueError(f"norm weights must be contiguous ({d},) of q's dtype")
-    if cos_sin.dim() != 2 or cos_sin.shape[1] != d or cos_sin.dtype != torch.float32:
-        raise ValueError(f"cos_sin must be (max_positions, {d}) float32")
-    if not cos_sin.is_contiguous():
-        raise ValueError("cos_sin must be contiguous")
-    if k_cache.dim() != 4 or k_cache.shape[2:] != (hk, d) or v_cache.shape != k_cache.shape:
-        raise ValueError(f"cache shape {tuple(k_cache.shape)} does not fit k {tuple(k.shape)}")
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("k_cache and v_cache must be contiguous")
-    if positions.shape != (n,) or slot_mapping.shape != (n,):
-        raise ValueError(f"positions and slot_mapping must be ({n},)")
+    norms = (q_norm_weight, k_norm_weight)
+    check_new_token_args(q.dtype, n, hk, d, *norms, positions, cos_sin, k_cache, v_cache, slot_mapping)
     if n:
         has_norm = q_norm_weight is not None
         _qk_norm_rope_store_kernel[(n,)](

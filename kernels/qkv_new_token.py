@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from kernels._jit import is_interpreting, kernel, next_pow2
+from kernels.qk_norm_rope import check_new_token_args
 
 
 @kernel
@@ -147,16 +148,8 @@ def qkv_new_token(
         raise ValueError("x must have contiguous rows of weight's dtype")
     if d % 2 or next_pow2(d // 2) != d // 2:
         raise ValueError(f"head_dim {d} must be twice a power of two")
-    if cos_sin.dtype != torch.float32 or not cos_sin.is_contiguous():
-        raise ValueError("cos_sin must be contiguous float32")
-    if (q_norm_weight is None) != (k_norm_weight is None):
-        raise ValueError("q_norm_weight and k_norm_weight go together")
-    if k_cache.dim() != 4 or k_cache.shape[2:] != (num_kv_heads, d) or v_cache.shape != k_cache.shape:
-        raise ValueError(f"cache shape {tuple(k_cache.shape)} does not fit {num_kv_heads} heads of {d}")
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("k_cache and v_cache must be contiguous")
-    if positions.shape != (m,) or slot_mapping.shape != (m,):
-        raise ValueError(f"positions and slot_mapping must be ({m},)")
+    norms, caches = (q_norm_weight, k_norm_weight), (k_cache, v_cache)
+    check_new_token_args(x.dtype, m, num_kv_heads, d, *norms, positions, cos_sin, *caches, slot_mapping)
     q = torch.empty(m, num_heads, d, dtype=x.dtype, device=x.device)
     bm, bk, warps, stages = config or pick_config(m, is_interpreting(x))
     if kdim % bk:
@@ -167,6 +160,6 @@ def qkv_new_token(
             x, weight, q, q_norm_weight if has_norm else cos_sin, k_norm_weight if has_norm else cos_sin,
             positions, cos_sin, k_cache, v_cache, slot_mapping, m, x.stride(0), eps, row_eps,
             K=kdim, NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HALF=d // 2, HAS_NORM=has_norm,
-            BLOCK_M=bm, BLOCK_K=bk,  num_warps=warps, num_stages=stages,
+            BLOCK_M=bm, BLOCK_K=bk, num_warps=warps, num_stages=stages,
         )  # fmt: skip
     return q

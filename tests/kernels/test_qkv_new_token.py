@@ -72,6 +72,10 @@ def test_qkv_new_token_rejects_bad_shapes():
         qkv_new_token(x, w, 4, 2, None, None, EPS, EPS, ints, cs, cache[:, :, :1], cache[:, :, :1], ints)
     with pytest.raises(ValueError, match="positions"):
         qkv_new_token(x, w, 4, 2, None, None, EPS, EPS, ints[:2], cs, cache, cache, ints)
+    with pytest.raises(ValueError, match="norm weights"):
+        qkv_new_token(x, w, 4, 2, cs[0, :8], cs[0, :8], EPS, EPS, ints, cs, cache, cache, ints)
+    with pytest.raises(ValueError, match="go together"):
+        qkv_new_token(x, w, 4, 2, cs[0], None, EPS, EPS, ints, cs, cache, cache, ints)
 
 
 @pytest.mark.parametrize("m", [7, 64, 200])
