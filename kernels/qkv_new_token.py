@@ -43,6 +43,7 @@ def _qkv_new_token_kernel(
     HAS_NORM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    ROW_DOT: tl.constexpr,  # 1 / rms from the diagonal of x x^T in the product's loop, not a pass of its own
 ):
     head = tl.program_id(0)  # 0..H-1 q, H..H+HK-1 k, then v
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -56,15 +57,21 @@ def _qkv_new_token_kernel(
     # 1 / rms of x's rows, for v (and q, k without a norm that cancels it): a pass of its own before the
     # product (x's tiles summed inside its pipelined loop came out wrong for some tiles on sm_90)
     ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if head >= NUM_HEADS + NUM_KV_HEADS or not HAS_NORM:
+    if not ROW_DOT and (head >= NUM_HEADS + NUM_KV_HEADS or not HAS_NORM):
         for c in tl.static_range(0, K, BLOCK_K):
             xf = tl.load(x_p + c, mask=rm[:, None], other=0.0).to(tl.float32)
             ss += tl.sum(xf * xf, axis=1)
-    rs = 1.0 / tl.sqrt(ss / K + row_eps)  # (BLOCK_M,)
     acc = tl.zeros((BLOCK_M, 2 * HALF), dtype=tl.float32)
+    gram = tl.zeros((BLOCK_M, BLOCK_M) if ROW_DOT else (1, 1), dtype=tl.float32)  # x x^T (ROW_DOT)
     for k0 in range(0, K, BLOCK_K):
         x = tl.load(x_p + k0, mask=rm[:, None], other=0.0)
         acc = tl.dot(x, tl.trans(tl.load(w_p + k0)), acc)
+        if ROW_DOT:
+            gram = tl.dot(x, tl.trans(x), gram)
+    if ROW_DOT:
+        i = tl.arange(0, BLOCK_M)
+        ss = tl.sum(tl.where(i[:, None] == i[None, :], gram, 0.0), axis=1)
+    rs = 1.0 / tl.sqrt(ss / K + row_eps)  # (BLOCK_M,)
     # the head's two halves (RoPE pairs column j with j + HALF)
     acc1, acc2 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
 
@@ -111,6 +118,10 @@ def _qkv_new_token_kernel(
             tl.store(dst + HALF, r2.to(ct), mask=sm)
 
 
+# How the programs get 1 / rms of x's rows: "loads" (v heads, and every head without a q/k norm, read x's
+# rows in a pass before the product) or "dot" (every program takes the diagonal of x x^T, a second
+# product in the pipelined loop over the same x tiles; not yet measured on the GPU).
+ROW_PASS = "loads"
 # (BLOCK_M, BLOCK_K, warps, stages) by the rows of the step: one program a head and BLOCK_M rows
 CONFIGS = {128: (32, 128, 4, 3), 1 << 30: (64, 128, 4, 3)}
 INTERPRET_CONFIG = (16, 64, 4, 1)
@@ -152,6 +163,8 @@ def qkv_new_token(
     check_new_token_args(x.dtype, m, num_kv_heads, d, *norms, positions, cos_sin, *caches, slot_mapping)
     q = torch.empty(m, num_heads, d, dtype=x.dtype, device=x.device)
     bm, bk, warps, stages = config or pick_config(m, is_interpreting(x))
+    if ROW_PASS not in ("loads", "dot"):
+        raise ValueError(f"ROW_PASS must be 'loads' or 'dot', not {ROW_PASS!r}")
     if kdim % bk:
         raise ValueError(f"K {kdim} must be a multiple of BLOCK_K {bk}")
     if m:
@@ -160,6 +173,6 @@ def qkv_new_token(
             x, weight, q, q_norm_weight if has_norm else cos_sin, k_norm_weight if has_norm else cos_sin,
             positions, cos_sin, k_cache, v_cache, slot_mapping, m, x.stride(0), eps, row_eps,
             K=kdim, NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HALF=d // 2, HAS_NORM=has_norm,
-            BLOCK_M=bm, BLOCK_K=bk, num_warps=warps, num_stages=stages,
+            BLOCK_M=bm, BLOCK_K=bk, ROW_DOT=ROW_PASS == "dot", num_warps=warps, num_stages=stages,
         )  # fmt: skip
     return q

@@ -96,14 +96,19 @@ def _launches(dtype: torch.dtype):
                              torch.randn(16, 128), torch.arange(1))  # fmt: skip
             # batch 1: launched with programmatic dependent launch (kernels.pdl)
             paged_decode_attention(qkv[:1, :16], kc, vc, bt[:1], sl[:1], 0.1, new_token=one, num_splits=16)
-            from kernels.qkv_new_token import qkv_new_token
+            from kernels import qkv_new_token as qnt
 
             wqkv = torch.randn(32 * 128, 1024).to(dtype)
             cs16 = torch.randn(16, 128)
-            for m in (100, 200):  # the wide folded steps' qkv with the new token's work, both tiles
+            # the wide folded steps' qkv with the new token's work: both tiles; 1 / rms by x x^T
+            for m, row_pass in ((100, "loads"), (200, "loads"), (200, "dot")):
                 xm = torch.randn(m, 1024).to(dtype)
-                qkv_new_token(xm, wqkv, 16, 8, w[:128], w[:128], 1e-6, 1e-6, torch.arange(m), cs16, kc, vc,
-                              torch.arange(m))  # fmt: skip
+                default, qnt.ROW_PASS = qnt.ROW_PASS, row_pass
+                try:
+                    qnt.qkv_new_token(xm, wqkv, 16, 8, w[:128], w[:128], 1e-6, 1e-6, torch.arange(m), cs16,
+                                      kc, vc, torch.arange(m))  # fmt: skip
+                finally:
+                    qnt.ROW_PASS = default
             from kernels.gemv import add_rms_norm_gemv, gemv
 
             h1, wq = torch.randn(1, 1024).to(dtype), torch.randn(4096, 1024).to(dtype)

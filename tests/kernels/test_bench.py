@@ -132,3 +132,17 @@ def test_w2_replay_separate_equals_fused():
         runs.append((out, *caches))
     for a, b in zip(*runs, strict=True):
         assert (a - b).abs().max().item() < 2e-5
+
+
+def test_qkv_sweep_tiny_cpu_run(capsys):
+    """kernels.bench_qkv: cuBLAS's projection and each row pass of kernels.qkv_new_token, with its error."""
+    from kernels import bench_qkv
+
+    assert bench_qkv.main(["--tiny"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("rows 5: cuBLAS F.linear ")
+    errs = [float(e.split(")")[0]) for e in line.split("(err ")[1:]]
+    assert len(errs) == 2 and max(errs) < 1e-4  # loads and dot both match the reference
+    with pytest.raises(SystemExit):
+        bench_qkv.main(["--tiny", "--row-pass", "sum"])
+    assert "--row-pass: unknown 'sum'" in capsys.readouterr().err

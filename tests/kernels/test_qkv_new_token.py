@@ -55,6 +55,15 @@ def test_qkv_new_token(dtype, with_norm, m):
     _check(dtype, "cpu", m, 4, 2, 16, 64, with_norm)
 
 
+@pytest.mark.parametrize("with_norm", [True, False])
+def test_qkv_new_token_row_dot(monkeypatch, with_norm):
+    """1 / rms from the diagonal of x x^T in the product's loop (ROW_PASS = "dot")."""
+    from kernels import qkv_new_token as mod
+
+    monkeypatch.setattr(mod, "ROW_PASS", "dot")
+    _check(torch.float32, "cpu", 21, 2, 1, 32, 128, with_norm, config=(16, 32, 4, 1))
+
+
 def test_qkv_new_token_tiles():
     """Rows over several row tiles and a K loop of several steps, head_dim 32."""
     _check(torch.float32, "cpu", 37, 2, 1, 32, 96, True, config=(16, 32, 4, 1))
