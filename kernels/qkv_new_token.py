@@ -56,13 +56,16 @@ def _qkv_new_token_kernel(
     w_p = w_ptr + (head * 2 * HALF + jj).to(tl.int64)[:, None] * K + kk[None, :]  # (2 * HALF, BLOCK_K)
     # 1 / rms of x's rows, for v (and q, k without a norm that cancels it): a pass of its own before the
     # product (x's tiles summed inside its pipelined loop came out wrong for some tiles on sm_90)
-    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if not ROW_DOT and (head >= NUM_HEADS + NUM_KV_HEADS or not HAS_NORM):
-        for c in tl.static_range(0, K, BLOCK_K):
-            xf = tl.load(x_p + c, mask=rm[:, None], other=0.0).to(tl.float32)
-            ss += tl.sum(xf * xf, axis=1)
+    if not ROW_DOT:
+        ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        if head >= NUM_HEADS + NUM_KV_HEADS or not HAS_NORM:
+            for c in tl.static_range(0, K, BLOCK_K):
+                xf = tl.load(x_p + c, mask=rm[:, None], other=0.0).to(tl.float32)
+                ss += tl.sum(xf * xf, axis=1)
+        rs = 1.0 / tl.sqrt(ss / K + row_eps)  # (BLOCK_M,)
+    else:
+        gram = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)  # x x^T
     acc = tl.zeros((BLOCK_M, 2 * HALF), dtype=tl.float32)
-    gram = tl.zeros((BLOCK_M, BLOCK_M) if ROW_DOT else (1, 1), dtype=tl.float32)  # x x^T (ROW_DOT)
     for k0 in range(0, K, BLOCK_K):
         x = tl.load(x_p + k0, mask=rm[:, None], other=0.0)
         acc = tl.dot(x, tl.trans(tl.load(w_p + k0)), acc)
@@ -70,8 +73,7 @@ def _qkv_new_token_kernel(
             gram = tl.dot(x, tl.trans(x), gram)
     if ROW_DOT:
         i = tl.arange(0, BLOCK_M)
-        ss = tl.sum(tl.where(i[:, None] == i[None, :], gram, 0.0), axis=1)
-    rs = 1.0 / tl.sqrt(ss / K + row_eps)  # (BLOCK_M,)
+        rs = 1.0 / tl.sqrt(tl.sum(tl.where(i[:, None] == i[None, :], gram, 0.0), axis=1) / K + row_eps)
     # the head's two halves (RoPE pairs column j with j + HALF)
     acc1, acc2 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
 
