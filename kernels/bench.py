@@ -118,6 +118,26 @@ def _f32(*ts):
     return [t.float() if t.is_floating_point() else t for t in ts]
 
 
+def qkv_weight(dtype, device) -> torch.Tensor:
+    """A qkv projection's weight at the bench shape ((H + 2 HK) * D, hidden), scaled to unit outputs."""
+    return (
+        _randn((NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM, HIDDEN, dtype=dtype, device=device) * HIDDEN**-0.5
+    )
+
+
+def qkv_new_token_inputs(b: int, dtype, device) -> tuple[torch.Tensor, tuple]:
+    """kernels.qkv_new_token's inputs for b new tokens but the weight: (x, the arguments after the weight)."""
+    x = _randn(b, HIDDEN, dtype=dtype, device=device)
+    inv_freq = 1.0 / (1_000_000 ** (torch.arange(0, HEAD_DIM, 2, device=device).float() / HEAD_DIM))
+    nw = [(1 + 0.1 * _randn(HEAD_DIM, dtype=torch.float32, device=device)).to(dtype) for _ in range(2)]
+    nb = b // BLOCK_SIZE + 2
+    kc = torch.zeros(nb, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, dtype=dtype, device=device)
+    slots = torch.randperm(nb * BLOCK_SIZE, device=device)[:b]
+    pos = torch.randint(0, 8192, (b,), device=device)
+    return x, (NUM_HEADS, NUM_KV_HEADS, nw[0], nw[1], 1e-6, 1e-6, pos, ref.rope_cos_sin(inv_freq, 8192), kc,
+               torch.zeros_like(kc), slots)  # fmt: skip
+
+
 def build_cases(dtype, device, tiny: bool, only: set[str]) -> list[Case]:
     from kernels.activation import silu_and_mul
     from kernels.bitmask import apply_token_bitmask_
@@ -309,20 +329,12 @@ def build_cases(dtype, device, tiny: bool, only: set[str]) -> list[Case]:
     if "qkv_new_token" in only:  # the wide folded decode steps' qkv projection with the new token's work
         from kernels.qkv_new_token import qkv_new_token
 
-        heads = NUM_HEADS + 2 * NUM_KV_HEADS
         for b in [5] if tiny else [160, 256]:
-            x = _randn(b, HIDDEN, dtype=dtype, device=device)
-            w = _randn(heads * HEAD_DIM, HIDDEN, dtype=dtype, device=device) * HIDDEN**-0.5
-            inv_freq = 1.0 / (1_000_000 ** (torch.arange(0, HEAD_DIM, 2, device=device).float() / HEAD_DIM))
-            nw = [_randn(HEAD_DIM, dtype=dtype, device=device) for _ in range(2)]
-            nb = b // BLOCK_SIZE + 2
-            kc = torch.zeros(nb, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, dtype=dtype, device=device)
-            slots = torch.randperm(nb * BLOCK_SIZE, device=device)[:b]
-            pos = torch.randint(0, 8192, (b,), device=device)
-            args = (x, w, NUM_HEADS, NUM_KV_HEADS, nw[0], nw[1], 1e-6, 1e-6, pos,
-                    ref.rope_cos_sin(inv_freq, 8192), kc, torch.zeros_like(kc), slots)  # fmt: skip
+            w = qkv_weight(dtype, device)
+            x, rest = qkv_new_token_inputs(b, dtype, device)
+            args = (x, w, *rest)
             cases.append(Case(
-                "qkv_new_token", f"{b}x{heads * HEAD_DIM}x{HIDDEN}", lambda a=args: qkv_new_token(*a),
+                "qkv_new_token", f"{b}x{w.shape[0]}x{HIDDEN}", lambda a=args: qkv_new_token(*a),
                 lambda a=args: ref.qkv_new_token(*a), (w.numel() + 2 * x.numel()) * elt,
                 flops=2 * b * w.numel(), check=lambda a=args: _err(qkv_new_token(*a), ref.qkv_new_token(*a)),
                 ref_graph=True,

@@ -16,7 +16,7 @@ import argparse
 import torch
 
 from kernels import reference as ref
-from kernels.bench import BLOCK_SIZE, HEAD_DIM, HIDDEN, NUM_HEADS, NUM_KV_HEADS, Timer, _err, _randn
+from kernels.bench import Timer, _err, qkv_new_token_inputs, qkv_weight
 
 LAYERS = 28
 CONFIGS = [(64, 128, 4, 3), (64, 64, 4, 4), (32, 128, 4, 3), (64, 128, 4, 2)]
@@ -32,49 +32,34 @@ def _config(text: str) -> tuple[int, int, int, int]:
 
 def run(rows: list[int], configs, row_passes, device: torch.device, dtype, reps: int) -> list[str]:
     """One line a row count: cuBLAS's us a launch, then each row pass and configuration's."""
-    layers = LAYERS if device.type == "cuda" else 1
-    heads = NUM_HEADS + 2 * NUM_KV_HEADS
-    ws = [_randn(heads * HEAD_DIM, HIDDEN, dtype=dtype, device=device) * HIDDEN**-0.5 for _ in range(layers)]
+    ws = [qkv_weight(dtype, device) for _ in range(LAYERS if device.type == "cuda" else 1)]
     timer, lines = Timer(device, reps, False), []
     for m in rows:
-        lines.append("  ".join(_row(m, ws, configs, row_passes, timer, device, dtype)))
+        lines.append("  ".join(_row(m, ws, configs, row_passes, timer, dtype, device)))
         print(lines[-1], flush=True)
     return lines
 
 
-def _row(m: int, ws: list[torch.Tensor], configs, row_passes, timer: Timer, device, dtype) -> list[str]:
+def _row(m: int, ws: list[torch.Tensor], configs, row_passes, timer: Timer, dtype, device) -> list[str]:
     from kernels import qkv_new_token as qnt
 
-    inv_freq = 1.0 / (1_000_000 ** (torch.arange(0, HEAD_DIM, 2, device=device).float() / HEAD_DIM))
-    cos_sin = ref.rope_cos_sin(inv_freq, 8192)
-    nw = [(1 + 0.1 * _randn(HEAD_DIM, dtype=torch.float32, device=device)).to(dtype) for _ in range(2)]
-    x = _randn(m, HIDDEN, dtype=dtype, device=device) * 2
-    nb = m // BLOCK_SIZE + 2
-    kc = torch.zeros(nb, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, dtype=dtype, device=device)
-    vc = torch.zeros_like(kc)
-    slots, pos = (
-        torch.randperm(nb * BLOCK_SIZE, device=device)[:m],
-        torch.randint(0, 8192, (m,), device=device),
-    )
-
-    def args(w):
-        return x, w, NUM_HEADS, NUM_KV_HEADS, nw[0], nw[1], 1e-6, 1e-6, pos, cos_sin, kc, vc, slots
+    x, rest = qkv_new_token_inputs(m, dtype, device)
 
     def cublas():
         return [torch.nn.functional.linear(x, w) for w in ws]
 
     def fused(cfg):
-        return [qnt.qkv_new_token(*args(w), config=cfg) for w in ws]
+        return [qnt.qkv_new_token(x, w, *rest, config=cfg) for w in ws]
 
     sec = timer.graph(cublas) or timer.eager(cublas)
     cells = [f"rows {m}: cuBLAS F.linear {sec / len(ws) * 1e6:.2f}"]
-    want = ref.qkv_new_token(*args(ws[0]))
+    want = ref.qkv_new_token(x, ws[0], *rest)
     default = qnt.ROW_PASS
     try:
         for row_pass in row_passes:
             qnt.ROW_PASS = row_pass
             for cfg in configs:
-                err = _err(qnt.qkv_new_token(*args(ws[0]), config=cfg), want)
+                err = _err(qnt.qkv_new_token(x, ws[0], *rest, config=cfg), want)
                 sec = timer.graph(lambda c=cfg: fused(c)) or timer.eager(lambda c=cfg: fused(c))
                 cells.append(f"{row_pass} {cfg} {sec / len(ws) * 1e6:.2f} (err {err:.2g})")
     finally:

@@ -79,9 +79,8 @@ def engine_tables(tiny: bool) -> tuple[list[list[int]], int]:
 def _batch(ctx: list[int], rows: list[int], layout: str, pool, dtype, device, gen: torch.Generator, eng,
            new_token: str = "fused", table_width: int = 0):  # fmt: skip
     """q, block tables (`layout`), seq_lens, the new token of one step (NewTokenQK, or None for `none`)
-    and whether its work runs as a launch of its own (`separate`); rows: the W2 sequences still
-    decoding. table_width > 0: each table row padded to that many entries (as the engine's graphs size
-    it by max_model_len)."""
+    and the mode (`new_token`); rows: the W2 sequences still decoding. table_width > 0: each table row
+    padded to that many entries (as the engine's graphs size it by max_model_len)."""
     k_cache, v_cache = pool
     per_seq = -(-max(ctx) // BLOCK_SIZE)
     if layout == "shuffled":
@@ -98,9 +97,7 @@ def _batch(ctx: list[int], rows: list[int], layout: str, pool, dtype, device, ge
     if new_token in ("folded", "gemm", "epilogue"):
         hidden = _randn(len(ctx), HIDDEN, dtype=dtype, device=device)
         new = new._replace(row_scale=hidden, row_eps=1e-6)
-    if new_token in ("gemm", "epilogue"):
-        return q, tables, seq_lens, new, new_token
-    return q, tables, seq_lens, (None if new_token == "none" else new), new_token == "separate"
+    return q, tables, seq_lens, (None if new_token == "none" else new), new_token
 
 
 _QKV_WEIGHTS: list[torch.Tensor] = []
@@ -195,18 +192,19 @@ def _replay(configs, keys, batches, pool, stride: int, timer: Timer, device) -> 
         for k in keys:  # the wide steps' tile and the split steps' alike
             pa.DECODE_CONFIGS[k] = cfg
         total, cells = 0.0, []
-        for t, ctx, (q, tables, seq_lens, new, separate) in batches:
+        for t, ctx, (q, tables, seq_lens, new, mode) in batches:
             order = pa.longest_first(seq_lens) if pa.wants_order(len(ctx), NUM_KV_HEADS, device) else None
             bound = tables.shape[1] * BLOCK_SIZE
-            fn = lambda q=q, tb=tables, sl=seq_lens, nt=new, sep=separate, o=order, m=bound: _attend(
-                q, pool, tb, sl, nt, sep, o, m
-            )
-            layers = 1
-            if separate in ("gemm", "epilogue"):  # every layer's projection in the timed graph
-                fn = lambda tb=tables, sl=seq_lens, nt=new, mode=separate, o=order, m=bound: _project_attend(
+            if mode in ("gemm", "epilogue"):  # every layer's projection in the timed graph
+                fn = lambda tb=tables, sl=seq_lens, nt=new, mode=mode, o=order, m=bound: _project_attend(
                     mode, pool, tb, sl, nt, o, m
                 )
                 layers = len(_qkv_weights(pool[0].dtype, pool[0].device))
+            else:
+                fn = lambda q=q, tb=tables, sl=seq_lens, nt=new, sep=mode == "separate", o=order, m=bound: (
+                    _attend(q, pool, tb, sl, nt, sep, o, m)
+                )
+                layers = 1
             sec = (timer.graph(fn) or timer.eager(fn)) / layers
             nbytes = sum(ctx) * NUM_KV_HEADS * HEAD_DIM * 2 * pool[0].element_size()
             cells.append(f"{t}:B{len(ctx)} {sec * 1e6:.1f} ({nbytes / sec / 1e12:.2f})")

@@ -461,20 +461,13 @@ QKV_EPILOGUE_MIN_M = 133
 
 def qkv_epilogue_fits(x: torch.Tensor, weight: torch.Tensor, head_dim: int) -> bool:
     """Whether qkv_new_token takes the folded projection `weight` of the residual rows x (M, hidden)."""
-    half = head_dim // 2
-    return (
-        QKV_EPILOGUE
-        and use_triton(x)
-        and x.dim() == 2
-        and x.shape[0] >= QKV_EPILOGUE_MIN_M
-        and x.dtype in (torch.float16, torch.bfloat16)
-        and weight.dtype == x.dtype
-        and weight.is_contiguous()
-        and x.stride(-1) == 1
-        and head_dim % 2 == 0
-        and half & (half - 1) == 0
-        and x.shape[1] % 128 == 0
-    )
+    if not (QKV_EPILOGUE and use_triton(x) and x.dim() == 2 and x.shape[0] >= QKV_EPILOGUE_MIN_M):
+        return False
+    from kernels.qkv_new_token import supports
+
+    dtypes_fit = x.dtype in (torch.float16, torch.bfloat16) and weight.dtype == x.dtype
+    layouts_fit = weight.is_contiguous() and x.stride(-1) == 1
+    return dtypes_fit and layouts_fit and supports(x.shape[1], head_dim)
 
 
 def qkv_new_token(

@@ -129,6 +129,18 @@ CONFIGS = {128: (32, 128, 4, 3), 1 << 30: (64, 128, 4, 3)}
 INTERPRET_CONFIG = (16, 64, 4, 1)
 
 
+def supports(hidden: int, head_dim: int) -> bool:
+    """Whether the GPU configurations take this shape: heads of twice a power of two, hidden a multiple
+    of every configuration's BLOCK_K."""
+    half = head_dim // 2
+    return (
+        head_dim % 2 == 0
+        and half > 0
+        and next_pow2(half) == half
+        and all(hidden % c[1] == 0 for c in CONFIGS.values())
+    )
+
+
 def pick_config(m: int, interpret: bool) -> tuple[int, int, int, int]:
     if interpret:
         return INTERPRET_CONFIG

@@ -205,13 +205,14 @@ class LlamaForCausalLM(nn.Module):
         # decode-only steps of a folded model: tails without norm launches (ops.folded_tail_fits)
         fold = self.norms_folded and meta.prefill_block_tables is None
         raw = False  # the previous tail was folded: this layer's qkv is of the un-normalized residual
-        m = residual.shape[0]
-        for i, (layer, kv, tail) in enumerate(zip(self.layers, kv_caches, self._tails(), strict=True)):
-            f = fold and ops.folded_tail_fits(m, tail)
-            # the next layer projects the residual itself, the new token's work in that projection
-            e = f and ops.qkv_epilogue_fits(residual, tail.qkv_next, self.layers[i + 1].self_attn.head_dim)
+        # after a folded tail the next layer may project the residual itself, the new token's work in that
+        # projection (ops.qkv_epilogue_fits: the same answer for every layer of the step)
+        attn = self.layers[-1].self_attn
+        epilogue = fold and ops.qkv_epilogue_fits(residual, attn.qkv_proj.weight, attn.head_dim)
+        for layer, kv, tail in zip(self.layers, kv_caches, self._tails(), strict=True):
+            f = fold and ops.folded_tail_fits(residual.shape[0], tail)
             x, residual = layer(x, residual, positions, self.cos_sin, kv, meta, tail, raw_in=raw, fold=f,
-                                qkv_out=not e)  # fmt: skip
+                                qkv_out=not (f and epilogue))  # fmt: skip
             raw = f
         if not final_norm:
             return x, residual

@@ -92,3 +92,14 @@ def test_qkv_new_token_rejects_bad_shapes():
 def test_gpu_qkv_new_token(m):
     """bf16 at Qwen3-0.6B's shape, each row-count configuration."""
     _check(torch.bfloat16, "cuda", m, 16, 8, 128, 1024, True)
+
+
+def test_qkv_new_token_supports():
+    """The shapes the GPU configurations take: heads of twice a power of two, hidden a multiple of every
+    configuration's BLOCK_K (dispatch.qkv_epilogue_fits asks)."""
+    from kernels.qkv_new_token import CONFIGS, supports
+
+    step = max(c[1] for c in CONFIGS.values())
+    assert supports(8 * step, 128) and supports(8 * step, 64)
+    assert not supports(8 * step + step // 2, 128)
+    assert not supports(8 * step, 96) and not supports(8 * step, 0)
