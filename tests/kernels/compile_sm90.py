@@ -100,15 +100,19 @@ def _launches(dtype: torch.dtype):
 
             wqkv = torch.randn(32 * 128, 1024).to(dtype)
             cs16 = torch.randn(16, 128)
-            # the wide folded steps' qkv with the new token's work: both tiles; 1 / rms by x x^T
-            for m, row_pass in ((100, "loads"), (200, "loads"), (200, "dot")):
+            # the wide folded steps' qkv with the new token's work: the default build (TMA tiles, 1 / rms by
+            # x x^T), the pointer tiles with the row pass, the two half-head products
+            cases = ((200, "dot", "tma", "whole"), (100, "loads", "pointers", "whole"),
+                     (200, "dot", "tma", "halves"), (200, "dot", "pointers", "whole"))  # fmt: skip
+            for m, row_pass, loads, product in cases:
                 xm = torch.randn(m, 1024).to(dtype)
-                default, qnt.ROW_PASS = qnt.ROW_PASS, row_pass
+                default = qnt.ROW_PASS, qnt.LOADS, qnt.PRODUCT
+                qnt.ROW_PASS, qnt.LOADS, qnt.PRODUCT = row_pass, loads, product
                 try:
                     qnt.qkv_new_token(xm, wqkv, 16, 8, w[:128], w[:128], 1e-6, 1e-6, torch.arange(m), cs16,
                                       kc, vc, torch.arange(m))  # fmt: skip
                 finally:
-                    qnt.ROW_PASS = default
+                    qnt.ROW_PASS, qnt.LOADS, qnt.PRODUCT = default
             from kernels.gemv import add_rms_norm_gemv, gemv
 
             h1, wq = torch.randn(1, 1024).to(dtype), torch.randn(4096, 1024).to(dtype)
@@ -211,6 +215,8 @@ def _descriptor_type(desc) -> str:
     if hasattr(desc, "__mangle__"):
         return desc.__mangle__()
     block = ",".join(str(d) for d in desc.block_shape)
+    if not hasattr(desc, "layout"):  # a Triton (not Gluon) descriptor
+        return f"tensordesc<{TYPES[desc.base.dtype]}[{block}]>"
     return f"tensordesc<{TYPES[desc.base.dtype]}[{block}],{desc.layout!r}>"
 
 

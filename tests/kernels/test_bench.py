@@ -146,3 +146,25 @@ def test_qkv_sweep_tiny_cpu_run(capsys):
     with pytest.raises(SystemExit):
         bench_qkv.main(["--tiny", "--row-pass", "sum"])
     assert "--row-pass: unknown 'sum'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny CPU run is for machines without CUDA")
+def test_qkv_bench_tiny_cpu_run(capsys):
+    """kernels.bench_qkv: one cell a build (loads, row pass, product) and configuration, each with its
+    error against the reference; unknown builds are refused before anything runs."""
+    from kernels import bench_qkv
+
+    assert bench_qkv.main(["--tiny", "--loads", "pointers tma", "--product", "whole halves"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("rows 5: cuBLAS F.linear ")
+    cells = line.split("  ")[1:]
+    assert [c.split(" (16")[0] for c in cells] == [
+        "pointers dot whole",
+        "pointers dot halves",
+        "tma dot whole",
+        "tma dot halves",
+    ]
+    assert all(float(c.split("err ")[1].rstrip(")")) < 1e-4 for c in cells)
+    with pytest.raises(SystemExit):
+        bench_qkv.main(["--tiny", "--product", "thirds"])
+    assert "--product: unknown 'thirds'" in capsys.readouterr().err

@@ -56,12 +56,38 @@ def test_qkv_new_token(dtype, with_norm, m):
 
 
 @pytest.mark.parametrize("with_norm", [True, False])
-def test_qkv_new_token_row_dot(monkeypatch, with_norm):
-    """1 / rms from the diagonal of x x^T in the product's loop (ROW_PASS = "dot")."""
+@pytest.mark.parametrize("row_pass", ["loads", "dot"])
+@pytest.mark.parametrize("loads", ["pointers", "tma"])
+@pytest.mark.parametrize("product", ["whole", "halves"])
+def test_qkv_new_token_variants(monkeypatch, with_norm, row_pass, loads, product):
+    """Every build: 1 / rms by a pass over x's rows or from the diagonal of x x^T (ROW_PASS), tiles by
+    pointers or tensor descriptors (LOADS), one head-wide product or two half-head ones (PRODUCT)."""
     from kernels import qkv_new_token as mod
 
-    monkeypatch.setattr(mod, "ROW_PASS", "dot")
+    monkeypatch.setattr(mod, "ROW_PASS", row_pass)
+    monkeypatch.setattr(mod, "LOADS", loads)
+    monkeypatch.setattr(mod, "PRODUCT", product)
     _check(torch.float32, "cpu", 21, 2, 1, 32, 128, with_norm, config=(16, 32, 4, 1))
+
+
+def test_qkv_new_token_unaligned_rows_take_pointers():
+    """x whose rows are not 16-byte aligned (a view at an odd offset) cannot be a TMA source: the launch
+    reads it by pointers, same results."""
+    from kernels import qkv_new_token as mod
+
+    assert mod.LOADS == "tma"
+    buf = torch.randn(21 * 64 + 1)
+    x = buf[1:].view(21, 64)
+    assert not mod._tma_aligned(x) and mod._tma_aligned(x.clone())
+    w = torch.randn(8 * 16, 64) * 0.125
+    pos, cs = torch.arange(21), ref.rope_cos_sin(1.0 / (10000 ** (torch.arange(0, 16, 2) / 16)), 64)
+    caches = [torch.zeros(8, 16, 2, 16) for _ in range(4)]
+    slots = torch.arange(21)
+    q = mod.qkv_new_token(x, w, 4, 2, None, None, EPS, ROW_EPS, pos, cs, *caches[:2], slots)
+    q_want = ref.qkv_new_token(x.clone(), w, 4, 2, None, None, EPS, ROW_EPS, pos, cs, *caches[2:], slots)
+    assert max_err(q, q_want) < ATOL[torch.float32]
+    assert max_err(caches[0], caches[2]) < ATOL[torch.float32]
+    assert max_err(caches[1], caches[3]) < ATOL[torch.float32]
 
 
 def test_qkv_new_token_tiles():
@@ -88,9 +114,18 @@ def test_qkv_new_token_rejects_bad_shapes():
 
 
 @pytest.mark.parametrize("m", [7, 64, 200])
+@pytest.mark.parametrize("build", ["default", "pointers-loads", "halves"])
 @gpu
-def test_gpu_qkv_new_token(m):
-    """bf16 at Qwen3-0.6B's shape, each row-count configuration."""
+def test_gpu_qkv_new_token(monkeypatch, m, build):
+    """bf16 at Qwen3-0.6B's shape, each row-count configuration: the default build, the pointer tiles
+    with the row pass, the two half-head products."""
+    from kernels import qkv_new_token as mod
+
+    if build == "pointers-loads":
+        monkeypatch.setattr(mod, "LOADS", "pointers")
+        monkeypatch.setattr(mod, "ROW_PASS", "loads")
+    elif build == "halves":
+        monkeypatch.setattr(mod, "PRODUCT", "halves")
     _check(torch.bfloat16, "cuda", m, 16, 8, 128, 1024, True)
 
 
