@@ -2,14 +2,14 @@
 wide decode steps' row counts (Qwen3-0.6B: 4,096 x 1,024 weights; each timing replays one CUDA graph of
 28 layers' weights, as the engine reads them).
 
-    python -m kernels.bench_qkv                          # the default configs and build, both products
+    python -m kernels.bench_qkv                                  # the default configs and build
     python -m kernels.bench_qkv --rows 256,160 --configs "64,128,4,3 64,64,4,4" --row-pass dot
-    python -m kernels.bench_qkv --loads "pointers tma" --row-pass dot --product "whole halves"
+    python -m kernels.bench_qkv --loads "pointers tma" --row-pass "loads dot"
     python -m kernels.bench_qkv --tiny                           # a smoke run on the CPU (interpreter)
 
 Prints us a launch (and the error against reference.qkv_new_token) per row count, configuration
-(BLOCK_M, BLOCK_K, warps, stages), `ROW_PASS` (how 1 / rms of the rows is taken), `LOADS` (how the
-product's tiles are copied in) and `PRODUCT` (one head-wide product or two half-head ones)."""
+(BLOCK_M, BLOCK_K, warps, stages), `ROW_PASS` (how 1 / rms of the rows is taken) and `LOADS` (how the
+product's tiles are copied in)."""
 
 from __future__ import annotations
 
@@ -33,19 +33,18 @@ def _config(text: str) -> tuple[int, int, int, int]:
 
 
 def run(rows: list[int], configs, row_passes, device: torch.device, dtype, reps: int,
-        loads: tuple[str, ...] = ("tma",), products: tuple[str, ...] = ("whole",)) -> list[str]:  # fmt: skip
+        loads: tuple[str, ...] = ("tma",)) -> list[str]:  # fmt: skip
     """One line a row count: cuBLAS's us a launch, then each way of loading, row pass and
     configuration's."""
     ws = [qkv_weight(dtype, device) for _ in range(LAYERS if device.type == "cuda" else 1)]
     timer, lines = Timer(device, reps, False), []
     for m in rows:
-        lines.append("  ".join(_row(m, ws, configs, row_passes, timer, dtype, device, loads, products)))
+        lines.append("  ".join(_row(m, ws, configs, row_passes, timer, dtype, device, loads)))
         print(lines[-1], flush=True)
     return lines
 
 
-def _row(m: int, ws: list[torch.Tensor], configs, row_passes, timer: Timer, dtype, device, loads,
-         products) -> list[str]:  # fmt: skip
+def _row(m: int, ws: list[torch.Tensor], configs, row_passes, timer: Timer, dtype, device, loads) -> list:
     from kernels import qkv_new_token as qnt
 
     x, rest = qkv_new_token_inputs(m, dtype, device)
@@ -59,17 +58,16 @@ def _row(m: int, ws: list[torch.Tensor], configs, row_passes, timer: Timer, dtyp
     sec = timer.graph(cublas) or timer.eager(cublas)
     cells = [f"rows {m}: cuBLAS F.linear {sec / len(ws) * 1e6:.2f}"]
     want = ref.qkv_new_token(x, ws[0], *rest)
-    default = qnt.ROW_PASS, qnt.LOADS, qnt.PRODUCT
-    builds = [(h, r, p) for h in loads for r in row_passes for p in products]
+    default = qnt.ROW_PASS, qnt.LOADS
     try:
-        for how, row_pass, product in builds:
-            qnt.ROW_PASS, qnt.LOADS, qnt.PRODUCT = row_pass, how, product
+        for how, row_pass in [(h, r) for h in loads for r in row_passes]:
+            qnt.ROW_PASS, qnt.LOADS = row_pass, how
             for cfg in configs:
                 err = _err(qnt.qkv_new_token(x, ws[0], *rest, config=cfg), want)
                 sec = timer.graph(lambda c=cfg: fused(c)) or timer.eager(lambda c=cfg: fused(c))
-                cells.append(f"{how} {row_pass} {product} {cfg} {sec / len(ws) * 1e6:.2f} (err {err:.2g})")
+                cells.append(f"{how} {row_pass} {cfg} {sec / len(ws) * 1e6:.2f} (err {err:.2g})")
     finally:
-        qnt.ROW_PASS, qnt.LOADS, qnt.PRODUCT = default
+        qnt.ROW_PASS, qnt.LOADS = default
     return cells
 
 
@@ -79,7 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default=None, help="space-separated BLOCK_M,BLOCK_K,warps,stages")
     parser.add_argument("--row-pass", default="dot", help="space-separated: loads, dot")
     parser.add_argument("--loads", default="tma", help="space-separated: pointers, tma")
-    parser.add_argument("--product", default="whole halves", help="space-separated: whole, halves")
     parser.add_argument("--reps", type=int, default=30, help="timed replays per measurement (median)")
     parser.add_argument(
         "--tiny", action="store_true", help="a smoke run on the CPU through Triton's interpreter"
@@ -89,13 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     for p in passes:
         if p not in ("loads", "dot"):
             parser.error(f"--row-pass: unknown {p!r} (loads, dot)")
-    loads, products = tuple(args.loads.split()), tuple(args.product.split())
+    loads = tuple(args.loads.split())
     for how in loads:
         if how not in ("pointers", "tma"):
             parser.error(f"--loads: unknown {how!r} (pointers, tma)")
-    for product in products:
-        if product not in ("whole", "halves"):
-            parser.error(f"--product: unknown {product!r} (whole, halves)")
     configs = [_config(c) for c in args.configs.split()] if args.configs else CONFIGS
     rows = [int(r) for r in args.rows.split(",")]
     if args.tiny:
@@ -105,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         parser.error("needs a CUDA device (or --tiny)")
     torch.manual_seed(0)
-    run(rows, configs, passes, device, dtype, reps, loads, products)
+    run(rows, configs, passes, device, dtype, reps, loads)
     return 0
 
 

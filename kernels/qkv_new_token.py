@@ -33,7 +33,7 @@ def _qkv_new_token_kernel(
     v_cache_ptr,
     slot_ptr,  # (M,) int; < 0 = padding, not written
     x_desc,  # TMA: x's tensor descriptor, boxes of (BLOCK_M, BLOCK_K); else unused
-    w_desc,  # TMA: the weight's, boxes of (2 * HALF, BLOCK_K), or (HALF, BLOCK_K) with HALVES; else unused
+    w_desc,  # TMA: the weight's, boxes of (2 * HALF, BLOCK_K); else unused
     M,
     stride_xm,
     eps,  # the q/k norms'
@@ -47,7 +47,6 @@ def _qkv_new_token_kernel(
     BLOCK_K: tl.constexpr,
     ROW_DOT: tl.constexpr,  # 1 / rms from the diagonal of x x^T in the product's loop, not a pass of its own
     TMA: tl.constexpr,  # the product's tiles copied in by TMA (x_desc, w_desc), not gathered by pointers
-    HALVES: tl.constexpr,  # the head as two products of HALF columns (no reshuffle of one accumulator)
 ):
     head = tl.program_id(0)  # 0..H-1 q, H..H+HK-1 k, then v
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -69,37 +68,19 @@ def _qkv_new_token_kernel(
         rs = 1.0 / tl.sqrt(ss / K + row_eps)  # (BLOCK_M,)
     else:
         gram = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)  # x x^T
-    if HALVES:  # the head's two halves (RoPE pairs column j with j + HALF) as two products
-        acc1 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
-        acc2 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
-        wh_p = w_ptr + (head * 2 * HALF + j).to(tl.int64)[:, None] * K + kk[None, :]  # (HALF, BLOCK_K)
-        for k0 in range(0, K, BLOCK_K):
-            if TMA:  # rows past M come in as zeros
-                x = x_desc.load([tl.program_id(1) * BLOCK_M, k0])
-                w1 = w_desc.load([head * 2 * HALF, k0])
-                w2 = w_desc.load([head * 2 * HALF + HALF, k0])
-            else:
-                x = tl.load(x_p + k0, mask=rm[:, None], other=0.0)
-                w1 = tl.load(wh_p + k0)
-                w2 = tl.load(wh_p + HALF * K + k0)
-            acc1 = tl.dot(x, tl.trans(w1), acc1)
-            acc2 = tl.dot(x, tl.trans(w2), acc2)
-            if ROW_DOT:
-                gram = tl.dot(x, tl.trans(x), gram)
-    else:
-        acc = tl.zeros((BLOCK_M, 2 * HALF), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            if TMA:  # rows past M come in as zeros
-                x = x_desc.load([tl.program_id(1) * BLOCK_M, k0])
-                w = w_desc.load([head * 2 * HALF, k0])
-            else:
-                x = tl.load(x_p + k0, mask=rm[:, None], other=0.0)
-                w = tl.load(w_p + k0)
-            acc = tl.dot(x, tl.trans(w), acc)
-            if ROW_DOT:
-                gram = tl.dot(x, tl.trans(x), gram)
-        # the head's two halves (RoPE pairs column j with j + HALF)
-        acc1, acc2 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
+    acc = tl.zeros((BLOCK_M, 2 * HALF), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if TMA:  # rows past M come in as zeros
+            x = x_desc.load([tl.program_id(1) * BLOCK_M, k0])
+            w = w_desc.load([head * 2 * HALF, k0])
+        else:
+            x = tl.load(x_p + k0, mask=rm[:, None], other=0.0)
+            w = tl.load(w_p + k0)
+        acc = tl.dot(x, tl.trans(w), acc)
+        if ROW_DOT:
+            gram = tl.dot(x, tl.trans(x), gram)
+    # the head's two halves (RoPE pairs column j with j + HALF)
+    acc1, acc2 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
     if ROW_DOT:
         i = tl.arange(0, BLOCK_M)
         rs = 1.0 / tl.sqrt(tl.sum(tl.where(i[:, None] == i[None, :], gram, 0.0), axis=1) / K + row_eps)
@@ -155,9 +136,6 @@ ROW_PASS = "dot"
 # descriptors of x and the weight, one bulk copy a tile; faster on the H200). x's rows must be 16-byte
 # aligned for TMA; other x take the pointers.
 LOADS = "tma"
-# The product as one head-wide accumulator split into its halves after the loop ("whole") or as two
-# half-head products ("halves"); not yet measured on the GPU.
-PRODUCT = "whole"
 # (BLOCK_M, BLOCK_K, warps, stages) by the rows of the step: one program a head and BLOCK_M rows
 CONFIGS = {1 << 30: (64, 64, 4, 6)}
 INTERPRET_CONFIG = (16, 64, 4, 1)
@@ -185,12 +163,12 @@ def _tma_aligned(x: torch.Tensor) -> bool:
     return (x.stride(0) * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0
 
 
-def _descriptors(x: torch.Tensor, weight: torch.Tensor, bm: int, bk: int, w_rows: int):
-    """Tensor descriptors of x (boxes of bm rows) and the weight (boxes of w_rows rows: a head or half
-    a head), bk columns each; TMA needs 16-byte aligned rows."""
+def _descriptors(x: torch.Tensor, weight: torch.Tensor, bm: int, bk: int, head_dim: int):
+    """Tensor descriptors of x (boxes of bm rows) and the weight (boxes of one head's rows), bk columns
+    each; TMA needs 16-byte aligned rows."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    return TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight, [w_rows, bk])
+    return TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight, [head_dim, bk])
 
 
 def qkv_new_token(
@@ -227,19 +205,15 @@ def qkv_new_token(
         raise ValueError(f"ROW_PASS must be 'loads' or 'dot', not {ROW_PASS!r}")
     if LOADS not in ("pointers", "tma"):
         raise ValueError(f"LOADS must be 'pointers' or 'tma', not {LOADS!r}")
-    if PRODUCT not in ("whole", "halves"):
-        raise ValueError(f"PRODUCT must be 'whole' or 'halves', not {PRODUCT!r}")
     if kdim % bk:
         raise ValueError(f"K {kdim} must be a multiple of BLOCK_K {bk}")
     if m:
         has_norm, tma = q_norm_weight is not None, LOADS == "tma" and _tma_aligned(x)
-        halves = PRODUCT == "halves"
-        x_desc, w_desc = _descriptors(x, weight, bm, bk, d // 2 if halves else d) if tma else (x, weight)
+        x_desc, w_desc = _descriptors(x, weight, bm, bk, d) if tma else (x, weight)
         _qkv_new_token_kernel[(heads, triton.cdiv(m, bm))](
             x, weight, q, q_norm_weight if has_norm else cos_sin, k_norm_weight if has_norm else cos_sin,
             positions, cos_sin, k_cache, v_cache, slot_mapping, x_desc, w_desc, m, x.stride(0), eps, row_eps,
             K=kdim, NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HALF=d // 2, HAS_NORM=has_norm,
-            BLOCK_M=bm, BLOCK_K=bk, ROW_DOT=ROW_PASS == "dot", TMA=tma, HALVES=halves,
-            num_warps=warps, num_stages=stages,
+            BLOCK_M=bm, BLOCK_K=bk, ROW_DOT=ROW_PASS == "dot", TMA=tma, num_warps=warps, num_stages=stages,
         )  # fmt: skip
     return q

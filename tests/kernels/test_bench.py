@@ -134,37 +134,28 @@ def test_w2_replay_separate_equals_fused():
         assert (a - b).abs().max().item() < 2e-5
 
 
-def test_qkv_sweep_tiny_cpu_run(capsys):
-    """kernels.bench_qkv: cuBLAS's projection and each row pass of kernels.qkv_new_token, with its error."""
-    from kernels import bench_qkv
-
-    assert bench_qkv.main(["--tiny"]) == 0
-    line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line.startswith("rows 5: cuBLAS F.linear ")
-    errs = [float(e.split(")")[0]) for e in line.split("(err ")[1:]]
-    assert len(errs) == 2 and max(errs) < 1e-4  # loads and dot both match the reference
-    with pytest.raises(SystemExit):
-        bench_qkv.main(["--tiny", "--row-pass", "sum"])
-    assert "--row-pass: unknown 'sum'" in capsys.readouterr().err
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny CPU run is for machines without CUDA")
 def test_qkv_bench_tiny_cpu_run(capsys):
-    """kernels.bench_qkv: one cell a build (loads, row pass, product) and configuration, each with its
-    error against the reference; unknown builds are refused before anything runs."""
+    """kernels.bench_qkv: one cell a build (loads, row pass) and configuration, each with its error
+    against the reference; unknown builds are refused before anything runs."""
     from kernels import bench_qkv
 
-    assert bench_qkv.main(["--tiny", "--loads", "pointers tma", "--product", "whole halves"]) == 0
+    assert bench_qkv.main(["--tiny", "--loads", "pointers tma", "--row-pass", "loads dot"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("rows 5: cuBLAS F.linear ")
     cells = line.split("  ")[1:]
     assert [c.split(" (16")[0] for c in cells] == [
-        "pointers dot whole",
-        "pointers dot halves",
-        "tma dot whole",
-        "tma dot halves",
+        "pointers loads",
+        "pointers dot",
+        "tma loads",
+        "tma dot",
     ]
     assert all(float(c.split("err ")[1].rstrip(")")) < 1e-4 for c in cells)
+    assert bench_qkv.main(["--tiny"]) == 0  # the default build alone
+    assert capsys.readouterr().out.count("(err ") == 1
     with pytest.raises(SystemExit):
-        bench_qkv.main(["--tiny", "--product", "thirds"])
-    assert "--product: unknown 'thirds'" in capsys.readouterr().err
+        bench_qkv.main(["--tiny", "--loads", "bulk"])
+    assert "--loads: unknown 'bulk'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_qkv.main(["--tiny", "--row-pass", "sum"])
+    assert "--row-pass: unknown 'sum'" in capsys.readouterr().err

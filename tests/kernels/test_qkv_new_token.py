@@ -58,15 +58,13 @@ def test_qkv_new_token(dtype, with_norm, m):
 @pytest.mark.parametrize("with_norm", [True, False])
 @pytest.mark.parametrize("row_pass", ["loads", "dot"])
 @pytest.mark.parametrize("loads", ["pointers", "tma"])
-@pytest.mark.parametrize("product", ["whole", "halves"])
-def test_qkv_new_token_variants(monkeypatch, with_norm, row_pass, loads, product):
+def test_qkv_new_token_variants(monkeypatch, with_norm, row_pass, loads):
     """Every build: 1 / rms by a pass over x's rows or from the diagonal of x x^T (ROW_PASS), tiles by
-    pointers or tensor descriptors (LOADS), one head-wide product or two half-head ones (PRODUCT)."""
+    pointers or tensor descriptors (LOADS)."""
     from kernels import qkv_new_token as mod
 
     monkeypatch.setattr(mod, "ROW_PASS", row_pass)
     monkeypatch.setattr(mod, "LOADS", loads)
-    monkeypatch.setattr(mod, "PRODUCT", product)
     _check(torch.float32, "cpu", 21, 2, 1, 32, 128, with_norm, config=(16, 32, 4, 1))
 
 
@@ -114,18 +112,16 @@ def test_qkv_new_token_rejects_bad_shapes():
 
 
 @pytest.mark.parametrize("m", [7, 64, 200])
-@pytest.mark.parametrize("build", ["default", "pointers-loads", "halves"])
+@pytest.mark.parametrize("build", ["default", "pointers-loads"])
 @gpu
 def test_gpu_qkv_new_token(monkeypatch, m, build):
-    """bf16 at Qwen3-0.6B's shape, each row-count configuration: the default build, the pointer tiles
-    with the row pass, the two half-head products."""
+    """bf16 at Qwen3-0.6B's shape, each row-count configuration: the default build (TMA tiles, 1 / rms
+    by x x^T) and the pointer tiles with the row pass."""
     from kernels import qkv_new_token as mod
 
     if build == "pointers-loads":
         monkeypatch.setattr(mod, "LOADS", "pointers")
         monkeypatch.setattr(mod, "ROW_PASS", "loads")
-    elif build == "halves":
-        monkeypatch.setattr(mod, "PRODUCT", "halves")
     _check(torch.bfloat16, "cuda", m, 16, 8, 128, 1024, True)
 
 
