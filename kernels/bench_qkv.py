@@ -5,12 +5,11 @@ wide decode steps' row counts (Qwen3-0.6B: 4,096 x 1,024 weights; each timing re
     python -m kernels.bench_qkv                                  # the default configs and build
     python -m kernels.bench_qkv --rows 256,160 --configs "64,128,4,3 64,64,4,4" --row-pass dot
     python -m kernels.bench_qkv --loads "pointers tma" --row-pass "loads dot"
-    python -m kernels.bench_qkv --split "1 2" --configs "64,64,4,6 64,64,4,4 64,64,4,3"
     python -m kernels.bench_qkv --tiny                           # a smoke run on the CPU (interpreter)
 
 Prints us a launch (and the error against reference.qkv_new_token) per row count, configuration
-(BLOCK_M, BLOCK_K, warps, stages), `ROW_PASS` (how 1 / rms of the rows is taken), `LOADS` (how the
-product's tiles are copied in) and `SPLIT_K` (programs a head and row block, each over a share of K)."""
+(BLOCK_M, BLOCK_K, warps, stages), `ROW_PASS` (how 1 / rms of the rows is taken) and `LOADS` (how the
+product's tiles are copied in)."""
 
 from __future__ import annotations
 
@@ -34,20 +33,18 @@ def _config(text: str) -> tuple[int, int, int, int]:
 
 
 def run(rows: list[int], configs, row_passes, device: torch.device, dtype, reps: int,
-        loads: tuple[str, ...] = ("tma",), splits: tuple[int, ...] = (1,)) -> list[str]:  # fmt: skip
+        loads: tuple[str, ...] = ("tma",)) -> list[str]:  # fmt: skip
     """One line a row count: cuBLAS's us a launch, then each way of loading, row pass and
     configuration's."""
     ws = [qkv_weight(dtype, device) for _ in range(LAYERS if device.type == "cuda" else 1)]
     timer, lines = Timer(device, reps, False), []
     for m in rows:
-        lines.append("  ".join(_row(m, ws, configs, row_passes, timer, dtype, device, loads, splits)))
+        lines.append("  ".join(_row(m, ws, configs, row_passes, timer, dtype, device, loads)))
         print(lines[-1], flush=True)
     return lines
 
 
-def _row(
-    m: int, ws: list[torch.Tensor], configs, row_passes, timer: Timer, dtype, device, loads, splits
-) -> list:
+def _row(m: int, ws: list[torch.Tensor], configs, row_passes, timer: Timer, dtype, device, loads) -> list:
     from kernels import qkv_new_token as qnt
 
     x, rest = qkv_new_token_inputs(m, dtype, device)
@@ -61,17 +58,16 @@ def _row(
     sec = timer.graph(cublas) or timer.eager(cublas)
     cells = [f"rows {m}: cuBLAS F.linear {sec / len(ws) * 1e6:.2f}"]
     want = ref.qkv_new_token(x, ws[0], *rest)
-    default = qnt.ROW_PASS, qnt.LOADS, qnt.SPLIT_K
+    default = qnt.ROW_PASS, qnt.LOADS
     try:
-        for how, row_pass, split in [(h, r, k) for h in loads for r in row_passes for k in splits]:
-            qnt.ROW_PASS, qnt.LOADS, qnt.SPLIT_K = row_pass, how, split
-            name = f"{how} {row_pass}" + (f" split {split}" if split > 1 else "")
+        for how, row_pass in [(h, r) for h in loads for r in row_passes]:
+            qnt.ROW_PASS, qnt.LOADS = row_pass, how
             for cfg in configs:
                 err = _err(qnt.qkv_new_token(x, ws[0], *rest, config=cfg), want)
                 sec = timer.graph(lambda c=cfg: fused(c)) or timer.eager(lambda c=cfg: fused(c))
-                cells.append(f"{name} {cfg} {sec / len(ws) * 1e6:.2f} (err {err:.2g})")
+                cells.append(f"{how} {row_pass} {cfg} {sec / len(ws) * 1e6:.2f} (err {err:.2g})")
     finally:
-        qnt.ROW_PASS, qnt.LOADS, qnt.SPLIT_K = default
+        qnt.ROW_PASS, qnt.LOADS = default
     return cells
 
 
@@ -81,7 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default=None, help="space-separated BLOCK_M,BLOCK_K,warps,stages")
     parser.add_argument("--row-pass", default="dot", help="space-separated: loads, dot")
     parser.add_argument("--loads", default="tma", help="space-separated: pointers, tma")
-    parser.add_argument("--split", default="1", help="space-separated SPLIT_K values (programs a head)")
     parser.add_argument("--reps", type=int, default=30, help="timed replays per measurement (median)")
     parser.add_argument(
         "--tiny", action="store_true", help="a smoke run on the CPU through Triton's interpreter"
@@ -92,12 +87,6 @@ def main(argv: list[str] | None = None) -> int:
         if p not in ("loads", "dot"):
             parser.error(f"--row-pass: unknown {p!r} (loads, dot)")
     loads = tuple(args.loads.split())
-    try:
-        splits = tuple(int(k) for k in args.split.split())
-    except ValueError:
-        parser.error(f"--split: integers, got {args.split!r}")
-    if not splits or min(splits) < 1:
-        parser.error("--split: each at least 1")
     for how in loads:
         if how not in ("pointers", "tma"):
             parser.error(f"--loads: unknown {how!r} (pointers, tma)")
@@ -110,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         parser.error("needs a CUDA device (or --tiny)")
     torch.manual_seed(0)
-    run(rows, configs, passes, device, dtype, reps, loads, splits)
+    run(rows, configs, passes, device, dtype, reps, loads)
     return 0
 
 

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._jit import arrival_counters, is_interpreting, kernel, next_pow2
+from kernels._jit import is_interpreting, kernel, next_pow2
 from kernels.qk_norm_rope import check_new_token_args
 
 
@@ -34,9 +34,6 @@ def _qkv_new_token_kernel(
     slot_ptr,  # (M,) int; < 0 = padding, not written
     x_desc,  # TMA: x's tensor descriptor, boxes of (BLOCK_M, BLOCK_K); else unused
     w_desc,  # TMA: the weight's, boxes of (2 * HALF, BLOCK_K); else unused
-    part_ptr,  # SPLIT_K > 1: (heads * row blocks * SPLIT_K, BLOCK_M, 2 * HALF) float32 partial products
-    diag_ptr,  # SPLIT_K > 1: (heads * row blocks * SPLIT_K, BLOCK_M) float32 partial sums of x's squares
-    counter_ptr,  # SPLIT_K > 1: (>= heads * row blocks,) int32 zeros, left zeroed
     M,
     stride_xm,
     eps,  # the q/k norms'
@@ -50,7 +47,6 @@ def _qkv_new_token_kernel(
     BLOCK_K: tl.constexpr,
     ROW_DOT: tl.constexpr,  # 1 / rms from the diagonal of x x^T in the product's loop, not a pass of its own
     TMA: tl.constexpr,  # the product's tiles copied in by TMA (x_desc, w_desc), not gathered by pointers
-    SPLIT_K: tl.constexpr,  # programs a (head, row block), each over K / SPLIT_K; the last to arrive finishes
 ):
     head = tl.program_id(0)  # 0..H-1 q, H..H+HK-1 k, then v
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -73,11 +69,7 @@ def _qkv_new_token_kernel(
     else:
         gram = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)  # x x^T
     acc = tl.zeros((BLOCK_M, 2 * HALF), dtype=tl.float32)
-    k_lo = 0
-    if SPLIT_K > 1:
-        k_lo = tl.program_id(2) * (K // SPLIT_K)
-    for kr in range(0, K // SPLIT_K, BLOCK_K):
-        k0 = k_lo + kr
+    for k0 in range(0, K, BLOCK_K):
         if TMA:  # rows past M come in as zeros
             x = x_desc.load([tl.program_id(1) * BLOCK_M, k0])
             w = w_desc.load([head * 2 * HALF, k0])
@@ -87,36 +79,11 @@ def _qkv_new_token_kernel(
         acc = tl.dot(x, tl.trans(w), acc)
         if ROW_DOT:
             gram = tl.dot(x, tl.trans(x), gram)
-    if ROW_DOT:
-        i = tl.arange(0, BLOCK_M)
-        sq = tl.sum(tl.where(i[:, None] == i[None, :], gram, 0.0), axis=1)  # (BLOCK_M,) this split's
-    if SPLIT_K > 1:
-        # publish this split's partials; the (head, row block)'s last program to arrive sums them all in
-        # split order (the same sums whichever arrives last) and runs the epilogue
-        pair = head * tl.num_programs(1) + tl.program_id(1)
-        slot = pair * SPLIT_K + tl.program_id(2)
-        bi = tl.arange(0, BLOCK_M)
-        tile = bi[:, None] * (2 * HALF) + jj[None, :]
-        tl.store(part_ptr + slot.to(tl.int64) * (BLOCK_M * 2 * HALF) + tile, acc)
-        if ROW_DOT:
-            tl.store(diag_ptr + slot * BLOCK_M + bi, sq)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(counter_ptr + pair, 1, sem="acq_rel", scope="gpu")
-        if arrived != SPLIT_K - 1:
-            return
-        tl.store(counter_ptr + pair, 0)  # zeroed for the next launch
-        acc = tl.zeros((BLOCK_M, 2 * HALF), dtype=tl.float32)
-        if ROW_DOT:
-            sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for t in tl.static_range(SPLIT_K):
-            first = (pair * SPLIT_K + t).to(tl.int64)
-            acc += tl.load(part_ptr + first * (BLOCK_M * 2 * HALF) + tile, cache_modifier=".cg")
-            if ROW_DOT:
-                sq += tl.load(diag_ptr + first * BLOCK_M + bi, cache_modifier=".cg")
     # the head's two halves (RoPE pairs column j with j + HALF)
     acc1, acc2 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
     if ROW_DOT:
-        rs = 1.0 / tl.sqrt(sq / K + row_eps)
+        i = tl.arange(0, BLOCK_M)
+        rs = 1.0 / tl.sqrt(tl.sum(tl.where(i[:, None] == i[None, :], gram, 0.0), axis=1) / K + row_eps)
 
     dt = q_ptr.dtype.element_ty
     ct = k_cache_ptr.dtype.element_ty
@@ -171,10 +138,6 @@ ROW_PASS = "dot"
 LOADS = "tma"
 # (BLOCK_M, BLOCK_K, warps, stages) by the rows of the step: one program a head and BLOCK_M rows
 CONFIGS = {1 << 30: (64, 64, 4, 6)}
-# Programs a (head, row block) each over a 1 / SPLIT_K share of K, the last to arrive summing the partials
-# and running the epilogue (twice the programs, half the loop each); not yet measured on the GPU.
-SPLIT_K = 1
-MAX_PAIRS = 1 << 16  # (head, row block)s a split launch may count arrivals for
 INTERPRET_CONFIG = (16, 64, 4, 1)
 
 
@@ -194,25 +157,6 @@ def pick_config(m: int, interpret: bool) -> tuple[int, int, int, int]:
     if interpret:
         return INTERPRET_CONFIG
     return next(c for top, c in sorted(CONFIGS.items()) if m <= top)
-
-
-_SPLIT_BUFFERS: dict = {}
-
-
-def _split_buffers(pairs: int, split: int, bm: int, d: int, device: torch.device):
-    """(partials, row sums, arrival counters) of a split launch: one set per (device, shape), allocated
-    once and kept, so that a CUDA graph keeps the addresses it captured. Without a split: placeholders."""
-    if split == 1:
-        none = _SPLIT_BUFFERS.setdefault(("none", device.type, device.index), torch.zeros(1, device=device))
-        return none, none, arrival_counters("qkv_new_token", MAX_PAIRS, device)
-    if pairs > MAX_PAIRS:
-        raise ValueError(f"{pairs} (head, row block)s exceed MAX_PAIRS {MAX_PAIRS}")
-    key = (device.type, device.index, pairs, split, bm, d)
-    if key not in _SPLIT_BUFFERS:
-        part = torch.empty(pairs * split * bm * d, dtype=torch.float32, device=device)
-        diag = torch.empty(pairs * split * bm, dtype=torch.float32, device=device)
-        _SPLIT_BUFFERS[key] = (part, diag)
-    return (*_SPLIT_BUFFERS[key], arrival_counters("qkv_new_token", MAX_PAIRS, device))
 
 
 def _tma_aligned(x: torch.Tensor) -> bool:
@@ -261,19 +205,15 @@ def qkv_new_token(
         raise ValueError(f"ROW_PASS must be 'loads' or 'dot', not {ROW_PASS!r}")
     if LOADS not in ("pointers", "tma"):
         raise ValueError(f"LOADS must be 'pointers' or 'tma', not {LOADS!r}")
-    split = SPLIT_K
-    if split < 1 or kdim % (bk * split):
-        raise ValueError(f"K {kdim} must be a multiple of BLOCK_K {bk} x SPLIT_K {split}")
+    if kdim % bk:
+        raise ValueError(f"K {kdim} must be a multiple of BLOCK_K {bk}")
     if m:
         has_norm, tma = q_norm_weight is not None, LOADS == "tma" and _tma_aligned(x)
         x_desc, w_desc = _descriptors(x, weight, bm, bk, d) if tma else (x, weight)
-        blocks = triton.cdiv(m, bm)
-        part, diag, counters = _split_buffers(heads * blocks, split, bm, d, x.device)
-        _qkv_new_token_kernel[(heads, blocks, split)](
+        _qkv_new_token_kernel[(heads, triton.cdiv(m, bm))](
             x, weight, q, q_norm_weight if has_norm else cos_sin, k_norm_weight if has_norm else cos_sin,
-            positions, cos_sin, k_cache, v_cache, slot_mapping, x_desc, w_desc, part, diag, counters, m,
-            x.stride(0), eps, row_eps, K=kdim, NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HALF=d // 2,
-            HAS_NORM=has_norm, BLOCK_M=bm, BLOCK_K=bk, ROW_DOT=ROW_PASS == "dot", TMA=tma, SPLIT_K=split,
-            num_warps=warps, num_stages=stages,
+            positions, cos_sin, k_cache, v_cache, slot_mapping, x_desc, w_desc, m, x.stride(0), eps, row_eps,
+            K=kdim, NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HALF=d // 2, HAS_NORM=has_norm,
+            BLOCK_M=bm, BLOCK_K=bk, ROW_DOT=ROW_PASS == "dot", TMA=tma, num_warps=warps, num_stages=stages,
         )  # fmt: skip
     return q

@@ -101,18 +101,17 @@ def _launches(dtype: torch.dtype):
             wqkv = torch.randn(32 * 128, 1024).to(dtype)
             cs16 = torch.randn(16, 128)
             # the wide folded steps' qkv with the new token's work: the default build (TMA tiles, 1 / rms by
-            # x x^T), the pointer tiles with the row pass or x x^T, K split over two programs
-            builds = ((200, "dot", "tma", 1), (100, "loads", "pointers", 1), (200, "dot", "pointers", 1),
-                      (200, "dot", "tma", 2))  # fmt: skip
-            for m, row_pass, loads, split in builds:
+            # x x^T), the pointer tiles with the row pass or x x^T
+            builds = ((200, "dot", "tma"), (100, "loads", "pointers"), (200, "dot", "pointers"))
+            for m, row_pass, loads in builds:
                 xm = torch.randn(m, 1024).to(dtype)
-                default = qnt.ROW_PASS, qnt.LOADS, qnt.SPLIT_K
-                qnt.ROW_PASS, qnt.LOADS, qnt.SPLIT_K = row_pass, loads, split
+                default = qnt.ROW_PASS, qnt.LOADS
+                qnt.ROW_PASS, qnt.LOADS = row_pass, loads
                 try:
                     qnt.qkv_new_token(xm, wqkv, 16, 8, w[:128], w[:128], 1e-6, 1e-6, torch.arange(m), cs16,
                                       kc, vc, torch.arange(m))  # fmt: skip
                 finally:
-                    qnt.ROW_PASS, qnt.LOADS, qnt.SPLIT_K = default
+                    qnt.ROW_PASS, qnt.LOADS = default
             from kernels.gemv import add_rms_norm_gemv, gemv
 
             h1, wq = torch.randn(1, 1024).to(dtype), torch.randn(4096, 1024).to(dtype)

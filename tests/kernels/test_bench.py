@@ -140,22 +140,15 @@ def test_qkv_bench_tiny_cpu_run(capsys):
     against the reference; unknown builds are refused before anything runs."""
     from kernels import bench_qkv
 
-    assert (
-        bench_qkv.main(["--tiny", "--loads", "pointers tma", "--row-pass", "loads dot", "--split", "1 2"])
-        == 0
-    )
+    assert bench_qkv.main(["--tiny", "--loads", "pointers tma", "--row-pass", "loads dot"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("rows 5: cuBLAS F.linear ")
     cells = line.split("  ")[1:]
     assert [c.split(" (16")[0] for c in cells] == [
         "pointers loads",
-        "pointers loads split 2",
         "pointers dot",
-        "pointers dot split 2",
         "tma loads",
-        "tma loads split 2",
         "tma dot",
-        "tma dot split 2",
     ]
     assert all(float(c.split("err ")[1].rstrip(")")) < 1e-4 for c in cells)
     assert bench_qkv.main(["--tiny"]) == 0  # the default build alone
@@ -166,6 +159,3 @@ def test_qkv_bench_tiny_cpu_run(capsys):
     with pytest.raises(SystemExit):
         bench_qkv.main(["--tiny", "--row-pass", "sum"])
     assert "--row-pass: unknown 'sum'" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        bench_qkv.main(["--tiny", "--split", "0"])
-    assert "--split: each at least 1" in capsys.readouterr().err

@@ -58,26 +58,14 @@ def test_qkv_new_token(dtype, with_norm, m):
 @pytest.mark.parametrize("with_norm", [True, False])
 @pytest.mark.parametrize("row_pass", ["loads", "dot"])
 @pytest.mark.parametrize("loads", ["pointers", "tma"])
-@pytest.mark.parametrize("split", [1, 2])
-def test_qkv_new_token_variants(monkeypatch, with_norm, row_pass, loads, split):
+def test_qkv_new_token_variants(monkeypatch, with_norm, row_pass, loads):
     """Every build: 1 / rms by a pass over x's rows or from the diagonal of x x^T (ROW_PASS), tiles by
-    pointers or tensor descriptors (LOADS), K in one program or split over two (SPLIT_K)."""
+    pointers or tensor descriptors (LOADS)."""
     from kernels import qkv_new_token as mod
-    from kernels._jit import arrival_counters
 
     monkeypatch.setattr(mod, "ROW_PASS", row_pass)
     monkeypatch.setattr(mod, "LOADS", loads)
-    monkeypatch.setattr(mod, "SPLIT_K", split)
     _check(torch.float32, "cpu", 21, 2, 1, 32, 128, with_norm, config=(16, 32, 4, 1))
-    assert not arrival_counters("qkv_new_token", mod.MAX_PAIRS, torch.device("cpu")).any()  # left zeroed
-
-
-def test_qkv_new_token_split_rejects_uneven_k(monkeypatch):
-    from kernels import qkv_new_token as mod
-
-    monkeypatch.setattr(mod, "SPLIT_K", 3)
-    with pytest.raises(ValueError, match="SPLIT_K"):
-        _check(torch.float32, "cpu", 5, 2, 1, 32, 128, True, config=(16, 32, 4, 1))
 
 
 def test_qkv_new_token_unaligned_rows_take_pointers():
@@ -124,18 +112,16 @@ def test_qkv_new_token_rejects_bad_shapes():
 
 
 @pytest.mark.parametrize("m", [7, 64, 200])
-@pytest.mark.parametrize("build", ["default", "pointers-loads", "split2"])
+@pytest.mark.parametrize("build", ["default", "pointers-loads"])
 @gpu
 def test_gpu_qkv_new_token(monkeypatch, m, build):
     """bf16 at Qwen3-0.6B's shape, each row-count configuration: the default build (TMA tiles, 1 / rms
-    by x x^T), the pointer tiles with the row pass, K split over two programs."""
+    by x x^T) and the pointer tiles with the row pass."""
     from kernels import qkv_new_token as mod
 
     if build == "pointers-loads":
         monkeypatch.setattr(mod, "LOADS", "pointers")
         monkeypatch.setattr(mod, "ROW_PASS", "loads")
-    elif build == "split2":
-        monkeypatch.setattr(mod, "SPLIT_K", 2)
     _check(torch.bfloat16, "cuda", m, 16, 8, 128, 1024, True)
 
 
