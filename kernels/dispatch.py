@@ -464,11 +464,13 @@ def qkv_epilogue_fits(x: torch.Tensor, weight: torch.Tensor, head_dim: int) -> b
     """Whether qkv_new_token takes the folded projection `weight` of the residual rows x (M, hidden)."""
     if not (QKV_EPILOGUE and use_triton(x) and x.dim() == 2 and x.shape[0] >= QKV_EPILOGUE_MIN_M):
         return False
-    from kernels.qkv_new_token import supports
+    from kernels.qkv_new_token import hopper_or_later, supports
 
     dtypes_fit = x.dtype in (torch.float16, torch.bfloat16) and weight.dtype == x.dtype
     layouts_fit = weight.is_contiguous() and x.stride(-1) == 1
-    return dtypes_fit and layouts_fit and supports(x.shape[1], head_dim)
+    # tuned on the H200: its tiles ask for more shared memory than older GPUs' SMs hold
+    gpu_fits = hopper_or_later(x.device.index)
+    return dtypes_fit and layouts_fit and gpu_fits and supports(x.shape[1], head_dim)
 
 
 def qkv_new_token(

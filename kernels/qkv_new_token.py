@@ -8,9 +8,12 @@ the new token's chain of loads and reductions before its first tile.
 
 One program computes one head (head_dim columns, as two halves: RoPE pairs column j with j + half) for
 BLOCK_M rows, so each norm's sum stays inside the program; the rows' sums of squares for 1 / rms are
-taken from the same x tiles the matrix product reads."""
+taken from the same x tiles the matrix product reads (the diagonal of x x^T, a second product in the
+loop), and TMA copies those tiles in on sm_90."""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -134,7 +137,7 @@ def _qkv_new_token_kernel(
 ROW_PASS = "dot"
 # How the product's tiles reach shared memory: "pointers" (per-thread asynchronous copies) or "tma" (tensor
 # descriptors of x and the weight, one bulk copy a tile; faster on the H200). x's rows must be 16-byte
-# aligned for TMA; other x take the pointers.
+# aligned, on sm_90 or later, for TMA; other x take the pointers.
 LOADS = "tma"
 # (BLOCK_M, BLOCK_K, warps, stages) by the rows of the step: one program a head and BLOCK_M rows
 CONFIGS = {1 << 30: (64, 64, 4, 6)}
@@ -160,7 +163,16 @@ def pick_config(m: int, interpret: bool) -> tuple[int, int, int, int]:
 
 
 def _tma_aligned(x: torch.Tensor) -> bool:
-    return (x.stride(0) * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0
+    """Whether x can be a TMA source: 16-byte aligned rows, on a Hopper-or-later GPU (or the CPU's
+    interpreter, which emulates the copies)."""
+    aligned = (x.stride(0) * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0
+    return aligned and (x.device.type != "cuda" or hopper_or_later(x.device.index))
+
+
+@functools.cache
+def hopper_or_later(index: int | None) -> bool:
+    """TMA copies, and the shared memory the configurations ask for (144 KB a program), are sm_90's."""
+    return torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def _descriptors(x: torch.Tensor, weight: torch.Tensor, bm: int, bk: int, head_dim: int):

@@ -134,3 +134,13 @@ def test_qkv_new_token_supports():
     assert supports(8 * step, 128) and supports(8 * step, 64)
     assert not supports(8 * step + step // 2, 128)
     assert not supports(8 * step, 96) and not supports(8 * step, 0)
+
+
+def test_tma_and_the_epilogue_path_need_sm90(monkeypatch):
+    """TMA tiles (and dispatch's epilogue path, whose tiles want sm_90's shared memory) only from compute
+    capability 9: an sm_89 card keeps cuBLAS's projection and the fused attention launch."""
+    from kernels import qkv_new_token as mod
+
+    for major, want in ((8, False), (9, True), (10, True)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None, m=major: (m, 0))
+        assert mod.hopper_or_later.__wrapped__(0) is want
