@@ -68,24 +68,28 @@ def test_qkv_new_token_variants(monkeypatch, with_norm, row_pass, loads):
     _check(torch.float32, "cpu", 21, 2, 1, 32, 128, with_norm, config=(16, 32, 4, 1))
 
 
-def test_qkv_new_token_unaligned_rows_take_pointers():
+def test_qkv_new_token_unaligned_rows_take_pointers(monkeypatch):
     """x whose rows are not 16-byte aligned (a view at an odd offset) cannot be a TMA source: the launch
-    reads it by pointers, same results."""
+    builds no tensor descriptor for it and reads it by pointers, same results; an aligned x takes TMA."""
     from kernels import qkv_new_token as mod
 
     assert mod.LOADS == "tma"
+    made = []
+    descriptors = mod._descriptors
+    monkeypatch.setattr(mod, "_descriptors", lambda *a: made.append(a[0]) or descriptors(*a))
     buf = torch.randn(21 * 64 + 1)
-    x = buf[1:].view(21, 64)
-    assert not mod._tma_aligned(x) and mod._tma_aligned(x.clone())
     w = torch.randn(8 * 16, 64) * 0.125
     pos, cs = torch.arange(21), ref.rope_cos_sin(1.0 / (10000 ** (torch.arange(0, 16, 2) / 16)), 64)
-    caches = [torch.zeros(8, 16, 2, 16) for _ in range(4)]
     slots = torch.arange(21)
-    q = mod.qkv_new_token(x, w, 4, 2, None, None, EPS, ROW_EPS, pos, cs, *caches[:2], slots)
-    q_want = ref.qkv_new_token(x.clone(), w, 4, 2, None, None, EPS, ROW_EPS, pos, cs, *caches[2:], slots)
-    assert max_err(q, q_want) < ATOL[torch.float32]
-    assert max_err(caches[0], caches[2]) < ATOL[torch.float32]
-    assert max_err(caches[1], caches[3]) < ATOL[torch.float32]
+    for x, takes_tma in ((buf[1:].view(21, 64), False), (buf[:-1].view(21, 64), True)):
+        made.clear()
+        caches = [torch.zeros(8, 16, 2, 16) for _ in range(4)]
+        q = mod.qkv_new_token(x, w, 4, 2, None, None, EPS, ROW_EPS, pos, cs, *caches[:2], slots)
+        q_want = ref.qkv_new_token(x.clone(), w, 4, 2, None, None, EPS, ROW_EPS, pos, cs, *caches[2:], slots)
+        assert (len(made) == 1 and made[0] is x) if takes_tma else not made
+        assert max_err(q, q_want) < ATOL[torch.float32]
+        assert max_err(caches[0], caches[2]) < ATOL[torch.float32]
+        assert max_err(caches[1], caches[3]) < ATOL[torch.float32]
 
 
 def test_qkv_new_token_tiles():
@@ -136,11 +140,21 @@ def test_qkv_new_token_supports():
     assert not supports(8 * step, 96) and not supports(8 * step, 0)
 
 
-def test_tma_and_the_epilogue_path_need_sm90(monkeypatch):
-    """TMA tiles (and dispatch's epilogue path, whose tiles want sm_90's shared memory) only from compute
-    capability 9: an sm_89 card keeps cuBLAS's projection and the fused attention launch."""
+def test_the_epilogue_path_needs_sm90(monkeypatch):
+    """dispatch takes the epilogue path (its tiles want sm_90's shared memory) only from compute
+    capability 9: an sm_89 card keeps cuBLAS's projection and the fused attention launch. The device is
+    stood in for (use_triton, the capability); everything else qkv_epilogue_fits asks is real."""
+    from kernels import dispatch
     from kernels import qkv_new_token as mod
 
-    for major, want in ((8, False), (9, True), (10, True)):
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None, m=major: (m, 0))
-        assert mod.hopper_or_later.__wrapped__(0) is want
+    monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
+    x = torch.zeros(dispatch.QKV_EPILOGUE_MIN_M, 1024, dtype=torch.bfloat16)
+    w = torch.zeros(32 * 128, 1024, dtype=torch.bfloat16)
+    try:
+        for major, want in ((8, False), (9, True), (10, True)):
+            monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None, m=major: (m, 0))
+            mod.hopper_or_later.cache_clear()
+            assert dispatch.qkv_epilogue_fits(x, w, 128) is want
+        assert not dispatch.qkv_epilogue_fits(x[:-1], w, 128)  # below QKV_EPILOGUE_MIN_M rows
+    finally:
+        mod.hopper_or_later.cache_clear()
