@@ -225,6 +225,7 @@ def bench_gpu(args) -> dict:
             launch_ahead=not args.launch_after,
             max_num_seqs=max(len(prompts), 1) if args.workload != "w2" else 256,
             **({"max_num_batched_tokens": n} if (n := args.max_num_batched_tokens) else {}),
+            **({"block_size": b} if (b := args.block_size) else {}),
             **({"batch_graph_max_tokens": g} if (g := args.batch_graph_max_tokens) is not None else {}),
         )
         print(f"engine start-up: {time.perf_counter() - t0:.2f} s")
@@ -401,6 +402,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="GPU workloads: the engine's token budget per step (default: EngineConfig's)",
+    )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="W1-W3: tokens a KV-cache block holds (a power of two; default: EngineConfig's)",
     )
     p.add_argument(
         "--max-model-len",
