@@ -344,7 +344,8 @@ def build_cases(dtype, device, tiny: bool, only: set[str]) -> list[Case]:
 
 PREFILL_SWEEP = [
     (64, 64, 4, 3), (64, 32, 4, 3), (128, 64, 8, 3), (128, 32, 8, 3), (32, 64, 4, 3), (16, 64, 4, 3),
-    (64, 64, 4, 2), (64, 64, 8, 3),
+    (64, 64, 4, 2), (64, 64, 8, 3), (32, 32, 4, 3), (32, 64, 4, 4), (32, 128, 4, 2), (64, 32, 8, 3),
+    (64, 128, 8, 2), (32, 64, 8, 3),
 ]  # fmt: skip
 DECODE_SWEEP = [
     (64, 4, 3), (32, 4, 3), (128, 4, 3), (64, 8, 3), (128, 8, 3), (64, 4, 2), (32, 4, 4), (16, 4, 4),
@@ -352,19 +353,25 @@ DECODE_SWEEP = [
 SPLITS_SWEEP = [1, 2, 4, 8, 16, 32, 64]
 
 
-def sweep(dtype, device, timer: Timer, tiny: bool) -> None:
+def sweep(dtype, device, timer: Timer, tiny: bool, only: set[str] = frozenset({"prefill", "decode"})) -> None:
     """Times the attention kernels over tile configurations and decode split counts; prints the best.
-    Put the winners into PREFILL_CONFIGS / DECODE_CONFIGS / choose_num_splits in paged_attention.py."""
+    Put the winners into PREFILL_CONFIGS / DECODE_CONFIGS / choose_num_splits in paged_attention.py.
+    `only`: the kernels of --only swept ("prefill", "decode")."""
     from kernels import paged_attention as pa
 
     key = "interpret" if device.type == "cpu" else ("fp32" if dtype == torch.float32 else "16bit")
     scale = HEAD_DIM**-0.5
     prefill_default, decode_defaults = pa.PREFILL_CONFIGS[key], dict(pa.DECODE_CONFIGS)
-    # (batch, context, new tokens): W1 prompts, W2-like cached prefix, M1's turn 10, one long prompt
-    prefill_shapes = [(32, 128, 128), (32, 1024, 128), (1, 3764, 100), (1, 4096, 4096)]
+    # (batch, context, new tokens): W1 prompts, W2-like cached prefix, M1's turn 10, one long prompt, a
+    # W2 prefill step (8,192 tokens of ~585-token prompts)
+    prefill_shapes = [(32, 128, 128), (32, 1024, 128), (1, 3764, 100), (1, 4096, 4096), (14, 585, 585)]
     if tiny:
         prefill_shapes = [(2, 16, 16)]
+    if "prefill" not in only:
+        prefill_shapes = []
     decode_shapes = [(1, 64)] if tiny else [(b, c) for b in (1, 32, 256) for c in (256, 1024, 4096)]
+    if "decode" not in only:
+        decode_shapes = []
     prefill_sweep = [(16, 16, 4, 1)] if tiny else PREFILL_SWEEP
     decode_sweep = [(16, 4, 1)] if tiny else DECODE_SWEEP
     splits_sweep = [1, 2] if tiny else SPLITS_SWEEP
@@ -387,7 +394,8 @@ def sweep(dtype, device, timer: Timer, tiny: bool) -> None:
             results.sort()
             cells = "  ".join(f"{c}={t * 1e6:.1f}" for t, c in results)
             print(f"prefill {b}x{qlen} ctx={ctx}: best {results[0][1]}  | {cells}")
-        print("# decode: (BLOCK_N, warps, stages) x num_splits -> us")
+        if decode_shapes:
+            print("# decode: (BLOCK_N, warps, stages) x num_splits -> us")
         for b, ctx in decode_shapes:
             q, kc, vc, bt, _, sl = _paged(b, ctx, 1, dtype, device)
             results = []
@@ -411,7 +419,8 @@ def sweep(dtype, device, timer: Timer, tiny: bool) -> None:
             auto = pa.choose_num_splits(b, NUM_KV_HEADS, ctx, pa._sm_count(device))
             top = "  ".join(f"{c}/{s}={t * 1e6:.1f}" for t, c, s in results[:6])
             print(f"decode B={b} ctx={ctx}: auto splits {auto}; best {top}")
-        _sweep_fused_decode(pa, key, dtype, device, timer, tiny, decode_sweep, splits_sweep)
+        if "decode" in only:
+            _sweep_fused_decode(pa, key, dtype, device, timer, tiny, decode_sweep, splits_sweep)
     finally:
         pa.PREFILL_CONFIGS[key] = prefill_default
         pa.DECODE_CONFIGS.update(decode_defaults)
@@ -575,7 +584,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead: time the lm_head + sampling at M = 1, 2, 4 (F.linear then "
                         "sample_tokens) against kernels.lm_head_sample's one launch over block "
                         "configs")  # fmt: skip
+    from engine import bench_switches
+
+    bench_switches.add_option(parser, "flip a module-level switch for this run (as chatloom bench --set)")
     args = parser.parse_args(argv)
+    for name, value in bench_switches.apply_or_exit(parser, args.set).items():
+        print(f"# set {name} = {value!r}")
 
     only = {k.strip() for k in args.only.split(",") if k.strip()}
     unknown = only - set(KERNELS)
@@ -600,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {name}  torch {torch.__version__}  triton {triton.__version__}  dtype {args.dtype}  "
           f"reps {args.reps}  flush_l2 {args.flush_l2}")  # fmt: skip
     if args.sweep:
-        sweep(DTYPES[args.dtype], device, timer, args.tiny)
+        sweep(DTYPES[args.dtype], device, timer, args.tiny, only)
         return 0
     if args.sweep_ragged:
         sweep_ragged(DTYPES[args.dtype], device, timer, args.tiny)
