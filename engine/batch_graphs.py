@@ -66,8 +66,7 @@ class BatchGraphs:
         self.max_seqs = max_seqs
         self.max_blocks = max_blocks
         self.max_len = max_blocks * block_size  # the longest context a block-table row holds
-        attn = model.layers[0].self_attn
-        self.query_tile = ops.prefill_query_tile(dtype, device, attn.num_heads, attn.num_kv_heads)
+        self.query_tile = ops.prefill_query_tile(dtype, device)
         n, b = self.sizes[-1], self.seqs(self.sizes[-1])
         at64, at32 = self._layout(n)  # the largest graph's inputs hold every smaller one's
         self.inputs64 = torch.zeros(at64["pending"].start + 2 * b, dtype=torch.int64, device=device)

@@ -103,12 +103,11 @@ def paged_attention(
     )  # fmt: skip
 
 
-def prefill_query_tile(dtype: torch.dtype, device: torch.device, num_heads: int, num_kv_heads: int) -> int:
-    """Query tokens per program of paged_attention on this device for a model of these heads: the
-    query_tile of prefill_tile_map."""
+def prefill_query_tile(dtype: torch.dtype, device: torch.device) -> int:
+    """Queries per program of paged_attention on this device: the query_tile of prefill_tile_map."""
     from kernels.paged_attention import prefill_block_m
 
-    return prefill_block_m(dtype, device, num_heads, num_kv_heads)
+    return prefill_block_m(dtype, device)
 
 
 def prefill_tile_map(q_lens, query_tile: int, num_tiles: int):

@@ -169,7 +169,6 @@ def _prefill_kernel(
     HAS_ALIBI: tl.constexpr,
     DOT_PREC: tl.constexpr,
     TILE_MAP: tl.constexpr,  # program axis 0 walks a host-built map of (sequence, query tile)
-    PACK: tl.constexpr,  # query heads a program (1, or GROUP: every head of its KV head, one K/V walk)
 ):
     if TILE_MAP:
         seq = tl.load(tile_map_ptr + tl.program_id(0))
@@ -179,29 +178,26 @@ def _prefill_kernel(
     else:
         mb = tl.program_id(0)
         seq = tl.program_id(1)
-    pid_h = tl.program_id(2) // NUM_SPLITS  # a query head (PACK 1) or a KV head (PACK GROUP)
+    head = tl.program_id(2) // NUM_SPLITS
     split = tl.program_id(2) % NUM_SPLITS
     q_start = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_start
     if mb * BLOCK_M >= q_len:
         return
     ctx = tl.load(seq_lens_ptr + seq)
-    kvh = pid_h // (GROUP // PACK)
+    kvh = head // GROUP
 
-    # row r: query token r // PACK of the tile, head r % PACK of the program's (a token's heads adjacent)
-    r = tl.arange(0, BLOCK_M * PACK)
-    offs_m = mb * BLOCK_M + r // PACK  # (R,) R = BLOCK_M * PACK
-    heads = kvh * GROUP + pid_h % (GROUP // PACK) + r % PACK  # (R,)
+    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = offs_m < q_len
-    q_pos = ctx - q_len + offs_m  # (R,) absolute positions of the queries
+    q_pos = ctx - q_len + offs_m  # (BLOCK_M,) absolute positions of the queries
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
     q_rows = (q_start + offs_m).to(tl.int64)
     q = tl.load(
-        q_ptr + q_rows[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
+        q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + d[None, :],
         mask=m_mask[:, None] & d_mask[None, :],
         other=0.0,
-    )  # (R, BLOCK_D)
+    )  # (BLOCK_M, BLOCK_D)
 
     # keys needed by this query tile: up to its last query (causal), from its first query's window
     hi = tl.minimum(ctx, ctx - q_len + (mb + 1) * BLOCK_M)
@@ -211,11 +207,11 @@ def _prefill_kernel(
         lo = (lo // BLOCK_N) * BLOCK_N
     slope = 0.0
     if HAS_ALIBI:
-        slope = (tl.load(alibi_ptr + heads).to(tl.float32) * 1.4426950408889634)[:, None]  # (R, 1)
+        slope = tl.load(alibi_ptr + head).to(tl.float32) * 1.4426950408889634
 
-    m_i = tl.full((BLOCK_M * PACK,), float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros((BLOCK_M * PACK,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_M * PACK, BLOCK_D), dtype=tl.float32)
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     if NUM_SPLITS > 1:  # this program's share of [lo, hi), in whole tiles
         per_split = tl.cdiv(tl.cdiv(hi - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
@@ -241,10 +237,10 @@ def _prefill_kernel(
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     md_mask = m_mask[:, None] & d_mask[None, :]
     if NUM_SPLITS == 1:
-        out_ptrs = out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
+        out_ptrs = out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + d[None, :]
         tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=md_mask)
     else:
-        row = (q_rows * (NUM_KV_HEADS * GROUP) + heads) * NUM_SPLITS + split  # (R,)
+        row = (q_rows * (NUM_KV_HEADS * GROUP) + head) * NUM_SPLITS + split  # (BLOCK_M,)
         tl.store(part_out_ptr + row[:, None] * HEAD_DIM + d[None, :], o, mask=md_mask)
         lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(tl.where(l_i == 0.0, 1.0, l_i)))
         tl.store(part_lse_ptr + row, lse, mask=m_mask)
@@ -551,7 +547,7 @@ def _decode_reduce_kernel(
 # Tile configurations; module-level so that `python -m kernels.bench --sweep` can try others on the GPU.
 # Chosen without spills on sm_90 (tests/kernels/compile_sm90.py checks): fp32 runs its dots on FMA
 # units (no TF32) and needs 8 warps to hold its tiles in registers.
-PREFILL_CONFIGS = {  # (query rows a program: tokens x the heads it takes, BLOCK_N, num_warps, num_stages)
+PREFILL_CONFIGS = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
     "16bit": (64, 64, 4, 3),
     "fp32": (32, 16, 8, 2),
     "interpret": (16, 16, 4, 1),
@@ -765,9 +761,7 @@ def paged_prefill_attention(
         raise ValueError("out must match q")
     if n == 0 or batch == 0 or max_seqlen_q <= 0:
         return out
-    rows, block_n, warps, stages = PREFILL_CONFIGS[_config_key(q)]
-    pack = prefill_pack(h, hk)
-    block_m = max(1, rows // pack)  # query tokens a program (its rows: their heads of one KV head)
+    block_m, block_n, warps, stages = PREFILL_CONFIGS[_config_key(q)]
     q_blocks = triton.cdiv(max_seqlen_q, block_m)
     grid_m, grid_b, num_tiles = q_blocks, batch, 0
     if tile_map is not None:
@@ -781,7 +775,7 @@ def paged_prefill_attention(
             return out
     if num_splits is None:
         bound = max_seq_len if max_seq_len is not None else block_tables.shape[1] * bs
-        num_splits = choose_prefill_splits(grid_m * grid_b * (h // pack), bound, _sm_count(q.device))
+        num_splits = choose_prefill_splits(grid_m * grid_b * h, bound, _sm_count(q.device))
     num_splits = int(num_splits)
     if not 1 <= num_splits <= 256:
         raise ValueError("num_splits must be in [1, 256]")
@@ -790,7 +784,7 @@ def paged_prefill_attention(
         part_lse = torch.empty((n, h, num_splits), dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out
-    _prefill_kernel[(grid_m, grid_b, h // pack * num_splits)](
+    _prefill_kernel[(grid_m, grid_b, h * num_splits)](
         q, k_cache, v_cache, out, part_out, part_lse, block_tables, cu_seqlens_q, seq_lens,
         _alibi(alibi_slopes, h, q), tile_map if tile_map is not None else seq_lens, scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
@@ -798,7 +792,7 @@ def paged_prefill_attention(
         NUM_KV_HEADS=hk, GROUP=h // hk, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=next_pow2(d), NUM_SPLITS=num_splits, HAS_WINDOW=sliding_window is not None,
         HAS_ALIBI=alibi_slopes is not None, DOT_PREC=_dot_precision(q.dtype), TILE_MAP=tile_map is not None,
-        PACK=pack, num_warps=warps, num_stages=stages,
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if num_splits > 1:
         _decode_reduce_kernel[(n, h)](
@@ -809,26 +803,13 @@ def paged_prefill_attention(
     return out
 
 
-# A prefill program takes every query head of its KV head (GQA: GROUP heads, a power of two), each
-# query tile's rows the BLOCK_M tokens x GROUP heads, so the K/V tiles are read and multiplied once for
-# the group instead of once a head; off (or GROUP not a power of two): one head a program.
-PREFILL_PACK_GQA = True
-
-
-def prefill_pack(num_heads: int, num_kv_heads: int) -> int:
-    """Query heads a prefill program takes (the kernel's PACK)."""
-    group = num_heads // num_kv_heads
-    return group if PREFILL_PACK_GQA and group > 1 and group & (group - 1) == 0 else 1
-
-
 PREFILL_MIN_KEYS_PER_SPLIT = 512
 PREFILL_MAX_SPLITS = 16
 
 
-def prefill_block_m(dtype: torch.dtype, device: torch.device, num_heads: int, num_kv_heads: int) -> int:
-    """The query tile (tokens a program) of paged_prefill_attention for q of this dtype on this device
-    and a model of these heads: PREFILL_CONFIGS' rows over the heads a program takes."""
-    return max(1, PREFILL_CONFIGS[_config_key_for(dtype, device)][0] // prefill_pack(num_heads, num_kv_heads))
+def prefill_block_m(dtype: torch.dtype, device: torch.device) -> int:
+    """The query tile of paged_prefill_attention for q of this dtype on this device."""
+    return PREFILL_CONFIGS[_config_key_for(dtype, device)][0]
 
 
 def prefill_tile_map(q_lens: np.ndarray, block_m: int, num_tiles: int) -> np.ndarray:

@@ -83,8 +83,7 @@ def test_batch_graph_steps_give_the_eager_tokens(tiny_qwen3, monkeypatch, overla
 def test_load_pads_the_step_to_its_size(tiny_qwen3, monkeypatch):
     llm = LLM(tiny_qwen3, device="cpu", dtype="float32", num_kv_blocks=32, max_num_seqs=4)
     graphs = _with_batch_graphs(llm, [8, 16], monkeypatch)
-    # interpreter tiles of 16 query rows: 8 tokens x the 2 query heads of a KV head
-    assert graphs.query_tile == 8 and graphs.seqs(8) == 4 and graphs.tiles(8) == 1 + 4
+    assert graphs.seqs(8) == 4 and graphs.tiles(8) == 1 + 4  # interpreter tiles of 16 queries
     # a decode (row 0, its token in flight: row 2 of the last draw) and a 10-token chunk
     ids = np.array([-1] + list(range(100, 110)), dtype=np.int64)
     pos, slots = np.arange(11, dtype=np.int64) + 5, np.arange(11, dtype=np.int64) + 50
@@ -100,7 +99,7 @@ def test_load_pads_the_step_to_its_size(tiny_qwen3, monkeypatch):
     assert v["rows"].tolist() == [0, 10, 0, 0]
     assert v["cu"].tolist() == [0, 1, 11, 11, 11] and v["lens"].tolist() == [6, 15, 0, 0]
     assert v["dec_lens"].tolist() == [6, 0, 0, 0]  # the decode attention's rows: the decode only
-    assert v["tiles"].tolist() == [[1, 1, -1, -1, -1, -1], [0, 1, -1, -1, -1, -1]]  # the chunk's two tiles
+    assert v["tiles"].tolist() == [[1, -1, -1, -1, -1], [0, -1, -1, -1, -1]]  # the chunk's one tile
     assert graphs.block_tables[:2, :2].tolist() == [[3, 4], [7, 0]]
     with pytest.raises(ValueError, match="does not fit"):
         graphs.load(Staging(torch.device("cpu")), np.zeros(17, np.int64), *[np.zeros(17, np.int64)] * 2,

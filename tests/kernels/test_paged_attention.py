@@ -40,11 +40,7 @@ def _prefill(dtype, block_size, case, window=None, alibi=False, heads=(H, HK), d
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("case", list(PREFILL_CASES))
-@pytest.mark.parametrize("pack", [True, False])
-def test_prefill_matches_reference(dtype, block_size, case, pack, monkeypatch):
-    """pack: a program takes both query heads of its KV head (rows token-major, heads adjacent)."""
-    monkeypatch.setattr(pa, "PREFILL_PACK_GQA", pack)
-    assert pa.prefill_pack(H, HK) == (2 if pack else 1)
+def test_prefill_matches_reference(dtype, block_size, case):
     out, args = _prefill(dtype, block_size, case)
     assert out.dtype == dtype and out.shape == args[0].shape
     assert max_err(out, ref.paged_attention(*args)) < ATOL[dtype]
@@ -52,9 +48,7 @@ def test_prefill_matches_reference(dtype, block_size, case, pack, monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(("window", "alibi"), [(7, False), (None, True), (20, True)])
-@pytest.mark.parametrize("pack", [True, False])
-def test_prefill_window_and_alibi(dtype, window, alibi, pack, monkeypatch):
-    monkeypatch.setattr(pa, "PREFILL_PACK_GQA", pack)
+def test_prefill_window_and_alibi(dtype, window, alibi):
     out, args = _prefill(dtype, 16, "cached_prefix", window, alibi)
     assert max_err(out, ref.paged_attention(*args)) < ATOL[dtype]
 
@@ -64,10 +58,8 @@ def test_prefill_window_and_alibi(dtype, window, alibi, pack, monkeypatch):
     ("cached_prefix", None, False, 2), ("chunked_mixed", None, False, 5), ("fresh", None, True, 3),
     ("cached_prefix", 11, False, 3),
 ])  # fmt: skip
-@pytest.mark.parametrize("pack", [True, False])
-def test_prefill_split_k(dtype, case, window, alibi, num_splits, pack, monkeypatch):
+def test_prefill_split_k(dtype, case, window, alibi, num_splits):
     # a short extend after a long cached prefix: keys split over programs, merged by the reduce kernel
-    monkeypatch.setattr(pa, "PREFILL_PACK_GQA", pack)
     ctx, qlens = PREFILL_CASES[case]
     q, kc, vc, bt, cu, sl = make_paged(ctx, qlens, H, HK, D, 16, dtype)
     slopes = alibi_slopes(H) if alibi else None
@@ -84,12 +76,8 @@ def test_choose_prefill_splits():
 
 
 def test_prefill_mha_and_wide_groups():
-    # (6, 2): groups of 3 heads, not a power of two, run one head a program
-    assert [pa.prefill_pack(h, hk) for h, hk in [(2, 2), (8, 1), (6, 2)]] == [1, 8, 1]
-    for heads in [(2, 2), (8, 1), (6, 2)]:
+    for heads in [(2, 2), (8, 1)]:
         out, args = _prefill(torch.float32, 16, "chunked_mixed", heads=heads)
-        assert max_err(out, ref.paged_attention(*args)) < ATOL[torch.float32]
-        out, args = _prefill(torch.float32, 16, "cached_prefix", 9, True, heads=heads)  # window, ALiBi
         assert max_err(out, ref.paged_attention(*args)) < ATOL[torch.float32]
 
 
@@ -105,9 +93,7 @@ def test_prefill_tile_map_lists_each_sequences_query_tiles():
     assert pa.prefill_tile_map(np.array([], dtype=np.int64), 4, 2).tolist() == [[-1, -1], [-1, -1]]
     with pytest.raises(ValueError, match="do not fit"):
         pa.prefill_tile_map(np.array([9]), 4, 2)
-    rows = pa.PREFILL_CONFIGS["interpret"][0]
-    assert pa.prefill_block_m(torch.float32, torch.device("cpu"), 2, 2) == rows  # one head a program
-    assert pa.prefill_block_m(torch.float32, torch.device("cpu"), H, HK) == rows // pa.prefill_pack(H, HK)
+    assert pa.prefill_block_m(torch.float32, torch.device("cpu")) == pa.PREFILL_CONFIGS["interpret"][0]
 
 
 def _tile_mapped(ctx, qlens, pad_seqs, map_tiles, num_splits=None, device="cpu", dtype=torch.float32):
@@ -115,7 +101,7 @@ def _tile_mapped(ctx, qlens, pad_seqs, map_tiles, num_splits=None, device="cpu",
     context, a tile map longer than the batch needs, rows past the batch's tokens left unwritten."""
     q, kc, vc, bt, cu, sl = make_paged(ctx + [0] * pad_seqs, qlens + [0] * pad_seqs, H, HK, D, 16, dtype,
                                        device)  # fmt: skip
-    block_m = pa.prefill_block_m(dtype, q.device, H, HK)
+    block_m = pa.prefill_block_m(dtype, q.device)
     tiles = torch.from_numpy(pa.prefill_tile_map(np.array(qlens), block_m, map_tiles)).to(device)
     out = torch.full_like(q, 7.0)
     paged_prefill_attention(q, kc, vc, bt, cu, sl, 1, SCALE, out=out, tile_map=tiles, num_splits=num_splits)
@@ -126,7 +112,7 @@ def _tile_mapped(ctx, qlens, pad_seqs, map_tiles, num_splits=None, device="cpu",
 def test_prefill_tile_map_matches_reference(num_splits):
     # decodes (one new token), a fresh prompt, a chunk after a cached prefix, then two empty sequences
     ctx, qlens = [20, 37, 19, 50], [1, 1, 19, 6]
-    map_tiles = sum(-(-n // pa.prefill_block_m(torch.float32, torch.device("cpu"), H, HK)) for n in qlens) + 5
+    map_tiles = sum(-(-n // pa.PREFILL_CONFIGS["interpret"][0]) for n in qlens) + 5
     out, expect = _tile_mapped(ctx, qlens, 2, map_tiles, num_splits)
     assert max_err(out, expect) < ATOL[torch.float32]
     with pytest.raises(ValueError, match="tile_map"):
@@ -307,7 +293,7 @@ def test_gpu_prefill(dtype, block_size, window, alibi, splits):
 @gpu
 def test_gpu_prefill_tile_map_in_cuda_graph():
     # one capture replayed over two batches of other lengths, as engine.batch_graphs does
-    block_m = pa.prefill_block_m(torch.bfloat16, torch.device("cuda"), GPU_H, GPU_HK)
+    block_m = pa.prefill_block_m(torch.bfloat16, torch.device("cuda"))
     batches = [([300, 513, 128, 77], [300, 130, 1, 64]), ([40, 1000, 9, 0], [1, 700, 9, 0])]
     made = [make_paged(c, q, GPU_H, GPU_HK, GPU_D, 16, torch.bfloat16, "cuda", spare_blocks=80, seed=i)
             for i, (c, q) in enumerate(batches)]  # fmt: skip
