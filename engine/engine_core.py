@@ -52,6 +52,7 @@ class EngineCore:
             torch.set_num_threads(config.num_threads)
         self.device = torch.device(config.resolve_device())
         self.dtype = config.resolve_dtype(self.device.type)
+        config.block_size = config.resolve_block_size(self.device.type)
         self.hf_config = load_hf_config(config.model, config.hf_overrides)
         self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or config.model)
         native = int(getattr(self.hf_config, "max_position_embeddings", 4096))

@@ -257,3 +257,11 @@ def test_a_failing_step_leaves_the_engine_usable(llm):
     stats = llm.stats()
     assert stats["free_blocks"] == stats["total_blocks"] and stats["running"] == stats["waiting"] == 0
     assert llm.generate(PROMPTS[:1], greedy(max_tokens=2))[0].finish_reason == "length"
+
+
+def test_block_size_defaults_by_device(tiny_qwen3):
+    assert EngineConfig().resolve_block_size("cuda") == 32 and EngineConfig().resolve_block_size("cpu") == 16
+    assert EngineConfig(block_size=64).resolve_block_size("cuda") == 64
+    llm = LLM(tiny_qwen3, device="cpu", dtype="float32", num_kv_blocks=64)
+    assert llm.config.block_size == 16 and llm.core.block_manager.block_size == 16
+    assert llm.core.runner.kv_caches[0][0].shape[1] == 16
