@@ -13,7 +13,7 @@ class EngineConfig:
     model: str = ""
     # tokens a KV-cache block holds; None: 32 on CUDA, 16 on the CPU. H200, W2: 32-token blocks
     # 27,332 / 27,363 tok/s against 27,246 / 27,243 with 16 (runs alternated, one machine session;
-    # every pair of six, over three machine sessions, +0.2-0.4%), 27,274 against 27,224 at 40,960
+    # every pair of seven, over four machine sessions, +0.2-0.5%), 27,274 against 27,224 at 40,960
     # positions: the step's block-table rows (uploaded, copied into the graph, held by the decode
     # attention) are half as wide
     block_size: int | None = None
