@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import sys
 
 PACKAGES = ("kernels", "engine", "grammar")
 
@@ -34,13 +35,24 @@ def parse(spec: str) -> tuple[str, str, object]:
     return module, name, value
 
 
+def _module(module_name: str):
+    """The module the running program reads `module_name`'s switches from: `__main__` when the program
+    is that module (`python -m kernels.bench_w2` runs it as `__main__`, and an import by name would give a
+    second copy whose switches nothing reads), else the imported module."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name == module_name:
+        return main
+    return importlib.import_module(module_name)
+
+
 def apply(specs: list[str]) -> dict[str, object]:
     """Sets every switch (all checked first, then all set); returns {module.NAME: value} as set."""
     planned = []
     for spec in specs:
         module_name, name, value = parse(spec)
         try:
-            module = importlib.import_module(module_name)
+            module = _module(module_name)
         except ImportError as exc:
             raise ValueError(f"--set {spec!r}: no module {module_name} ({exc})") from exc
         if not hasattr(module, name):

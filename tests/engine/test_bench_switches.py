@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from engine import bench, bench_switches
@@ -49,6 +51,24 @@ def test_apply_sets_all_or_nothing(monkeypatch):
         "kernels.paged_attention.MID_BATCH_SPLITS": 2,
     }
     assert paged_attention.DECODE_ONE_LOOP is False and paged_attention.MID_BATCH_SPLITS == 2
+
+
+def test_apply_sets_the_running_program_when_it_is_the_module(monkeypatch):
+    # `python -m kernels.bench_w2 --set kernels.bench_w2.X=...`: the program runs as __main__, whose globals
+    # its functions read; the module imported by name is another copy
+    import types
+
+    main = types.ModuleType("__main__")
+    main.__spec__ = types.SimpleNamespace(name="kernels.bench_w2")
+    main.BLOCK_SIZE = 16
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    from kernels import bench_w2
+
+    assert bench_switches.apply(["kernels.bench_w2.BLOCK_SIZE=32"]) == {"kernels.bench_w2.BLOCK_SIZE": 32}
+    assert main.BLOCK_SIZE == 32 and bench_w2.BLOCK_SIZE == 16
+    monkeypatch.setattr(dispatch, "DECODE_TAIL", True)  # another module is still set by import
+    bench_switches.apply(["kernels.dispatch.DECODE_TAIL=False"])
+    assert dispatch.DECODE_TAIL is False
 
 
 def test_bench_refuses_a_bad_switch_before_running(capsys):
