@@ -224,8 +224,8 @@ def bench_gpu(args) -> dict:
             enforce_eager=args.eager,
             launch_ahead=not args.launch_after,
             max_num_seqs=max(len(prompts), 1) if args.workload != "w2" else 256,
-            **({"max_num_batched_tokens": n} if (n := args.max_num_batched_tokens) else {}),
-            **({"block_size": b} if (b := args.block_size) else {}),
+            **({"max_num_batched_tokens": n} if (n := args.max_num_batched_tokens) is not None else {}),
+            **({"block_size": b} if (b := args.block_size) is not None else {}),
             **({"batch_graph_max_tokens": g} if (g := args.batch_graph_max_tokens) is not None else {}),
         )
         print(f"engine start-up: {time.perf_counter() - t0:.2f} s")
