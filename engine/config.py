@@ -12,10 +12,10 @@ _LOAD_FORMATS = ("auto", "safetensors", "dummy")
 class EngineConfig:
     model: str = ""
     # tokens a KV-cache block holds; None: 32 on CUDA, 16 on the CPU. H200, W2: 32-token blocks
-    # 27,332 / 27,363 tok/s against 27,246 / 27,243 with 16 (runs alternated, one machine session;
-    # every pair of seven, over four machine sessions, +0.2-0.5%), 27,274 against 27,224 at 40,960
-    # positions: the step's block-table rows (uploaded, copied into the graph, held by the decode
-    # attention) are half as wide
+    # 27,332 / 27,363 tok/s against 27,246 / 27,243 with 16 (runs alternated, one machine session);
+    # 32 against 16 in five pairs over three machine sessions +0.2-0.5% (27,274 against 27,224 at
+    # 40,960 positions): the step's block-table rows (uploaded, copied into the graph, held by the
+    # decode attention) are half as wide
     block_size: int | None = None
     num_kv_blocks: int | None = None  # None: size the pool from memory (see gpu_memory_utilization)
     gpu_memory_utilization: float = 0.85  # fraction of free device memory the KV pool may take
@@ -63,8 +63,8 @@ class EngineConfig:
             positive(name)
         if self.block_size is not None:
             positive("block_size")
-        if self.block_size is not None and self.block_size & (self.block_size - 1):
-            raise ValueError(f"EngineConfig.block_size must be a power of two, got {self.block_size}")
+            if self.block_size & (self.block_size - 1):
+                raise ValueError(f"EngineConfig.block_size must be a power of two, got {self.block_size}")
         for name in ("prefill_graph_max_tokens", "batch_graph_max_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:

@@ -32,6 +32,19 @@ def test_tiny_cpu_sweep_covers_the_fused_decode_launch(capsys):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny CPU run is for machines without CUDA")
+def test_tiny_cpu_sweep_of_prefill_only_with_a_switch_set(capsys, monkeypatch):
+    from kernels import paged_attention
+
+    monkeypatch.setattr(paged_attention, "PEEL_STAGES", 1)  # restored after the run sets it
+    switch = "kernels.paged_attention.PEEL_STAGES=2"
+    assert bench.main(["--tiny", "--sweep", "--only", "prefill", "--reps", "1", "--set", switch]) == 0
+    assert paged_attention.PEEL_STAGES == 2
+    out = capsys.readouterr().out
+    assert "# set kernels.paged_attention.PEEL_STAGES = 2" in out and "prefill 2x16 ctx=16: best" in out
+    assert "decode" not in out  # neither the decode sweep nor the fused decode launch's
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny CPU run is for machines without CUDA")
 def test_tiny_cpu_ragged_sweep_times_each_split_count(capsys):
     assert bench.main(["--tiny", "--sweep-ragged", "--reps", "1"]) == 0
     out = capsys.readouterr().out.splitlines()
