@@ -48,6 +48,7 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int | None = None,
+    after_release: bool = False,  # decode only: the launch before is ops.qkv_new_token's
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
     nd = meta.num_decodes
     max_len = meta.decode_max_seq_len or None  # None inside CUDA graphs: bound by the table width
@@ -55,7 +56,7 @@ def paged_attention(
     if meta.prefill_block_tables is None:
         return ops.decode_attention(
             q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale, sliding_window,
-            max_seq_len=max_len, order=order,
+            max_seq_len=max_len, order=order, after_release=after_release,
         )  # fmt: skip
     out = torch.empty_like(q)
     if nd:  # rows 0..nd-1; in a captured step (engine.batch_graphs) the padding ones have length 0
@@ -139,7 +140,10 @@ def projected_decode_attention(
     the q/k norm, RoPE, row scale and K/V store in its epilogue, the attention walks the cache alone."""
     if meta.prefill_block_tables is not None:
         raise ValueError("projected_decode_attention is for decode-only steps")
+    # the rows' order is sorted before the projection, so the attention's launch follows the projection's
+    # directly and may start while it ends (it reads the order before its wait: kernels.pdl)
+    meta.decode_order(kv_cache[0].shape[2])
     q = ops.qkv_new_token(residual, qkv_weight, num_heads, num_kv_heads, q_norm_weight, k_norm_weight, eps,
                           row_eps, positions, cos_sin, *kv_cache, meta.slot_mapping)  # fmt: skip
-    o = paged_attention(q, kv_cache[0], kv_cache[1], meta, scale, sliding_window)
+    o = paged_attention(q, kv_cache[0], kv_cache[1], meta, scale, sliding_window, after_release=True)
     return o.reshape(q.shape[0], -1)

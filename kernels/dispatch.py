@@ -132,6 +132,7 @@ def decode_attention(
     max_seq_len: int | None = None,
     num_splits: int | None = None,
     order: torch.Tensor | None = None,  # (batch,) int32: the rows longest first (decode_order)
+    after_release: bool = False,  # the launch before is kernels.qkv_new_token's (kernels.pdl)
 ) -> torch.Tensor:  # (batch, num_heads, head_dim)
     if not use_triton(q):
         res = ref.decode_attention(
@@ -142,7 +143,7 @@ def decode_attention(
 
     return paged_decode_attention(
         q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, alibi_slopes,
-        out=out, max_seq_len=max_seq_len, num_splits=num_splits, order=order,
+        out=out, max_seq_len=max_seq_len, num_splits=num_splits, order=order, after_release=after_release,
     )  # fmt: skip
 
 

@@ -899,6 +899,13 @@ def _counters(device: torch.device) -> torch.Tensor:
     return arrival_counters("decode_attention", _MAX_COUNTERS, device)
 
 
+# A launch whose kernel before releases it early (kernels.qkv_new_token: the wide decode steps' qkv
+# projection with the new token's work in its epilogue) starts with programmatic dependent launch: its
+# programs read their sequence's length, order entry and block-table row (written at the step's start)
+# while that kernel ends, and wait before q and the cache. Read at launch.
+AFTER_RELEASE_PDL = True
+
+
 def paged_decode_attention(
     q: torch.Tensor,  # (batch, num_heads, head_dim): one new token per sequence
     k_cache: torch.Tensor,  # (num_blocks, block_size, num_kv_heads, head_dim)
@@ -914,6 +921,7 @@ def paged_decode_attention(
     new_token: NewTokenQK | None = None,
     fused_reduce: bool = True,
     order: torch.Tensor | None = None,  # (batch,) int32: the rows in the order their programs start
+    after_release: bool = False,  # the kernel before releases its dependents early (AFTER_RELEASE_PDL)
 ) -> torch.Tensor:  # (batch, num_heads, head_dim)
     """Split-K decode: grid (batch, num_kv_heads, num_splits); one program handles all query heads of one
     KV head over one contiguous slice of the context; the splits are merged by their log-sum-exp, by
@@ -934,7 +942,7 @@ def paged_decode_attention(
     """
     launch = decode_launch(
         q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, alibi_slopes, out, max_seq_len,
-        num_splits, new_token, fused_reduce, order,
+        num_splits, new_token, fused_reduce, order, after_release,
     )  # fmt: skip
     b, hk, num_splits = launch.items
     if b == 0:
@@ -987,6 +995,7 @@ def decode_launch(
     new_token: NewTokenQK | None = None,
     fused_reduce: bool = True,
     order: torch.Tensor | None = None,
+    after_release: bool = False,
 ) -> DecodeLaunch:
     """paged_decode_attention's checks, split count, tile configuration, buffers and kernel arguments
     (see its docstring); an empty batch gets items (0, ., 0) and nothing else."""
@@ -1057,7 +1066,8 @@ def decode_launch(
         HAS_WINDOW=sliding_window is not None, HAS_ALIBI=alibi_slopes is not None,
         FUSE_QK=nt is not None, HAS_NORM=has_norm, FUSED_REDUCE=fused_reduce,
         DOT_PREC=_dot_precision(q.dtype), ONE_LOOP=DECODE_ONE_LOOP, HEAD_MAJOR=head_major,
-        ORDERED=order is not None, PDL=b == 1 and pdl.enabled(q.device),
+        ORDERED=order is not None, PDL=(b == 1 or (AFTER_RELEASE_PDL and after_release and nt is None))
+        and pdl.enabled(q.device),
         PEEL=peel, ROW_SCALE=hs is not None, BLOCK_H=next_pow2(hs.shape[1]) if hs is not None else 1,
         BLOCK_T=block_t, TABLE_PART=0 < block_t < block_tables.shape[1],
         NORM_CANCELS=DECODE_NORM_CANCELS and hs is not None and has_norm and q.dtype != torch.float32,

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import pdl
 from kernels._jit import is_interpreting, kernel, next_pow2
 from kernels.qk_norm_rope import check_new_token_args
 
@@ -50,7 +51,9 @@ def _qkv_new_token_kernel(
     BLOCK_K: tl.constexpr,
     ROW_DOT: tl.constexpr,  # 1 / rms from the diagonal of x x^T in the product's loop, not a pass of its own
     TMA: tl.constexpr,  # the product's tiles copied in by TMA (x_desc, w_desc), not gathered by pointers
+    RELEASE: tl.constexpr,  # the decode attention after it may start now (kernels.pdl; it waits for q, k, v)
 ):
+    pdl.release(RELEASE)
     head = tl.program_id(0)  # 0..H-1 q, H..H+HK-1 k, then v
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rm = rows < M
@@ -226,6 +229,7 @@ def qkv_new_token(
             x, weight, q, q_norm_weight if has_norm else cos_sin, k_norm_weight if has_norm else cos_sin,
             positions, cos_sin, k_cache, v_cache, slot_mapping, x_desc, w_desc, m, x.stride(0), eps, row_eps,
             K=kdim, NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HALF=d // 2, HAS_NORM=has_norm,
-            BLOCK_M=bm, BLOCK_K=bk, ROW_DOT=ROW_PASS == "dot", TMA=tma, num_warps=warps, num_stages=stages,
+            BLOCK_M=bm, BLOCK_K=bk, ROW_DOT=ROW_PASS == "dot", TMA=tma, RELEASE=pdl.enabled(x.device),
+            num_warps=warps, num_stages=stages,
         )  # fmt: skip
     return q

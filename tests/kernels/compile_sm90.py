@@ -96,6 +96,8 @@ def _launches(dtype: torch.dtype):
                              torch.randn(16, 128), torch.arange(1))  # fmt: skip
             # batch 1: launched with programmatic dependent launch (kernels.pdl)
             paged_decode_attention(qkv[:1, :16], kc, vc, bt[:1], sl[:1], 0.1, new_token=one, num_splits=16)
+            # after kernels.qkv_new_token, which releases it: programmatic dependent launch at any batch
+            paged_decode_attention(qkv[:2, :16], kc, vc, bt, sl, 0.1, num_splits=1, after_release=True)
             from kernels import qkv_new_token as qnt
 
             wqkv = torch.randn(32 * 128, 1024).to(dtype)
