@@ -158,3 +158,57 @@ def test_the_epilogue_path_needs_sm90(monkeypatch):
         assert not dispatch.qkv_epilogue_fits(x[:-1], w, 128)  # below QKV_EPILOGUE_MIN_M rows
     finally:
         mod.hopper_or_later.cache_clear()
+
+
+@pytest.mark.parametrize("m", [72, 256])
+@gpu
+def test_gpu_attention_released_by_the_projection(m):
+    """A wide folded decode step's pair: qkv_new_token, then the decode attention, which it lets start
+    early (after_release: programmatic dependent launch; the attention waits before q and the cache).
+    Captured in CUDA graphs and replayed with q and the new tokens' cache rows cleared before each replay:
+    the same bits as the attention launched without it, and the reference attention's result."""
+    import random
+
+    from kernels.order import longest_first
+    from kernels.paged_attention import paged_decode_attention
+    from tests.kernels.paged import GPU_ATOL, capture, make_paged
+
+    h, hk, d, hidden, bs = 16, 8, 128, 1024, 32
+    rng = random.Random(m)
+    ctx = [rng.randint(100, 1500) for _ in range(m)]
+    _, kc, vc, bt, _, sl = make_paged(ctx, [1] * m, h, hk, d, bs, torch.bfloat16, "cuda")
+    pos = sl.long() - 1  # each sequence's new token is its last position
+    slots = bt.gather(1, (pos // bs)[:, None]).squeeze(1).long() * bs + pos % bs
+    x = _randn(m, hidden, dtype=torch.bfloat16, device="cuda", seed=0) * 3
+    w = _randn((h + 2 * hk) * d, hidden, dtype=torch.bfloat16, device="cuda", seed=1) * hidden**-0.5
+    qw, kw = (1 + 0.2 * _randn(d, dtype=torch.float32, device="cuda", seed=s) for s in (2, 3))
+    qw, kw = qw.to(torch.bfloat16), kw.to(torch.bfloat16)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    cos_sin = ref.rope_cos_sin(inv_freq, 2048).cuda()
+
+    def step(after: bool):
+        order = longest_first(sl)  # sorted before the projection, as the engine does
+        q = qkv_new_token(x, w, h, hk, qw, kw, EPS, ROW_EPS, pos, cos_sin, kc, vc, slots)
+        out = paged_decode_attention(q, kc, vc, bt, sl, d**-0.5, num_splits=1, order=order,
+                                     after_release=after)  # fmt: skip
+        return q, out
+
+    outs = {}
+    for after in (False, True):
+        step(after)  # compiled before the capture
+        graph, (q, out) = capture(lambda a=after: step(a))
+        got = []
+        for _ in range(3):
+            q.zero_()
+            for c in (kc, vc):
+                c.view(-1, hk, d)[slots] = 0
+            graph.replay()
+            torch.cuda.synchronize()
+            got.append(out.clone())
+        outs[after] = (got, q.clone())
+    (off, q_off), (on, q_on) = outs[False], outs[True]
+    assert torch.equal(q_on, q_off)
+    for o in off + on:
+        assert torch.equal(o, off[0])
+    want = ref.decode_attention(q_off, kc, vc, bt, sl, d**-0.5)
+    assert max_err(on[0], want) < GPU_ATOL[torch.bfloat16]
