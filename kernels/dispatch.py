@@ -454,11 +454,13 @@ def folded_decode_layer_tail(
 
 # Wide folded decode steps from QKV_EPILOGUE_MIN_M rows: a layer's qkv projection of the residual stream
 # runs the new token's q/k norm, RoPE, row scale and K/V store in its epilogue (kernels.qkv_new_token), and
-# its decode attention only walks the cache. Below, cuBLAS's projection and the fused attention launch
-# are faster (the Triton GEMM's ~8.5 us against cuBLAS's 5.4-6.4 us outweighs the attention's gain,
-# ~3 us a layer at 33-64 rows; docs/performance.md).
+# its decode attention only walks the cache, started by programmatic dependent launch while the
+# projection ends (kernels.paged_attention.AFTER_RELEASE_PDL). Below, cuBLAS's projection and the fused
+# attention launch are faster (the Triton GEMM's ~8.5 us against cuBLAS's 5.4-6.4 us outweighs the
+# attention's gain; docs/performance.md). H200, W2: 27,491 / 27,472 tok/s from 33 rows against 27,388 /
+# 27,434 from 65 (runs alternated, one machine session).
 QKV_EPILOGUE = True
-QKV_EPILOGUE_MIN_M = 65
+QKV_EPILOGUE_MIN_M = 33
 
 
 def qkv_epilogue_fits(x: torch.Tensor, weight: torch.Tensor, head_dim: int) -> bool:
