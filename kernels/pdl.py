@@ -14,7 +14,8 @@ the new token's work (kernels.qkv_new_token) releases its successor at its start
 attention after it (kernels.paged_attention.AFTER_RELEASE_PDL) reads its sequence's length, order entry
 and block-table row while the projection runs, then waits for q and the new K/V. The rows' order is
 sorted before the projection (engine.attention.projected_decode_attention), so nothing runs between the
-two. H200, W2: +0.6% (27,627 / 27,596 tok/s against 27,451 / 27,406 with it off, one machine session).
+two. H200, W2: 27,627 / 27,596 tok/s against 27,451 / 27,406 with it off (one machine session), 28,136 /
+28,119 against 27,887 on a faster machine.
 
 The batch-1 end of a step (kernels.lm_head_sample) can launch with it too, its first weight block
 asked before its wait (kernels.dispatch.LM_HEAD_PDL); it is off: W3 measured slower with it.
