@@ -24,10 +24,10 @@ Rules every user follows: a kernel launched with `launch_kwargs(True)` waits (`w
 tail, kernels.decode_tail_tma's `_gdc`) before it reads anything an earlier kernel of the step wrote,
 with one exception: the step's inputs (lengths, positions, block tables, written by the graph's input
 launch, kernels.step_inputs, and the rows' order sorted from them), which the decode attention reads
-before its wait. So the first launch after
-the input launch releases its successor only after its own wait (kernels.gemv's head): every later launch
-starts once the inputs are written. A kernel whose successor reads nothing early may call `release`
-anywhere, since a successor launched without the attribute still starts only once it has finished.
+before its wait. So the first launch after the input launch releases its successor only after its own
+wait (kernels.gemv's head): every later launch starts once the inputs are written. A kernel whose
+successor reads nothing early may call `release` anywhere, since a successor launched without the
+attribute still starts only once it has finished.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ def test_enabled_only_for_cuda_or_when_compiling_for_it(monkeypatch):
     assert pdl.launch_kwargs(True) == {"launch_pdl": True}
 
 
-def test_decode_launch_asks_for_it_at_batch_one_or_after_a_release():
+def test_decode_launch_asks_for_it_at_batch_one_or_after_a_release(monkeypatch):
     """Batch 1 follows the layer tail (kernels.decode_tail_tma), which lets it start early; a wider
     batch only after kernels.qkv_new_token (after_release), since cuBLAS does not."""
     q, kc, vc, bt, _, sl = make_paged([300, 64], [1, 1], 16, 8, 128, 16, torch.float16)
@@ -34,11 +34,7 @@ def test_decode_launch_asks_for_it_at_batch_one_or_after_a_release():
     assert not pa.decode_launch(q[:1], kc, vc, bt[:1], sl[:1], 0.1, num_splits=8).consts["PDL"]  # CPU
     with record_launches():
         after = pa.decode_launch(q, kc, vc, bt, sl, 0.1, num_splits=1, after_release=True)
-        pa_default = pa.AFTER_RELEASE_PDL
-        pa.AFTER_RELEASE_PDL = False
-        try:
-            off = pa.decode_launch(q, kc, vc, bt, sl, 0.1, num_splits=1, after_release=True)
-        finally:
-            pa.AFTER_RELEASE_PDL = pa_default
+        monkeypatch.setattr(pa, "AFTER_RELEASE_PDL", False)
+        off = pa.decode_launch(q, kc, vc, bt, sl, 0.1, num_splits=1, after_release=True)
     assert after.consts["PDL"] == pdl._supported_by_triton()
     assert not off.consts["PDL"]
