@@ -27,6 +27,7 @@ import os
 
 import torch
 
+from kernels import onednn
 from kernels import reference as ref
 
 
@@ -286,14 +287,24 @@ def _gemv_fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None)
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (..., K) @ weight (N, K)^T + bias: on CUDA the Triton GEMV for decode-sized 16-bit batches (the
-    shapes where it beats cuBLAS, kernels.gemv.use_gemv); else F.linear. fp32 stays on F.linear
-    (bit-equal to HF)."""
+    shapes where it beats cuBLAS, kernels.gemv.use_gemv); float32 on the CPU oneDNN's product with the
+    weight packed once (kernels.onednn); else F.linear."""
     if _gemv_fits(x, weight, bias):
         from kernels import gemv
 
         if gemv.use_gemv(x.shape[0], weight.shape[0], weight.shape[1]):
             return gemv.gemv(x, weight, bias)
+    if onednn.takes(x, weight, bias):
+        return onednn.linear(x, weight, bias)
     return ref.linear(x, weight, bias)
+
+
+def lm_head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # (M, vocab), hidden's dtype
+    """hidden (M, H) @ weight (vocab, H)^T: F.linear (cuBLAS on CUDA), or on the CPU in float32 oneDNN's
+    product with the weight packed once (kernels.onednn)."""
+    if onednn.takes(hidden, weight, None):
+        return onednn.linear(hidden, weight)
+    return torch.nn.functional.linear(hidden, weight)
 
 
 def silu_and_mul_linear(
@@ -329,8 +340,12 @@ def add_rms_norm_linear(
 
         if gemv.use_gemv(x.shape[0], weight.shape[0], weight.shape[1]):
             return gemv.add_rms_norm_gemv(x, residual, norm_weight.contiguous(), eps, weight, bias)
-    if not use_triton(x):
-        return ref.add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
+    if not use_triton(x):  # the references' norms, then `linear` (oneDNN's product in float32)
+        if residual is None:
+            h, residual = ref.rms_norm(x, norm_weight, eps), x
+        else:
+            h, residual = ref.fused_add_rms_norm(x, residual, norm_weight, eps)
+        return linear(h, weight, bias), residual
     if residual is None:
         h, residual = rms_norm(x, norm_weight, eps), x
     else:

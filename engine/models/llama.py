@@ -251,7 +251,7 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (batch, hidden) -> (batch, vocab)
         """In the model's dtype, as HF computes them before its float(): the fused sampler reads 16-bit
         logits as they are, and engine.sampler converts where it edits or normalizes them."""
-        return torch.nn.functional.linear(hidden, self.logits_weight)
+        return ops.lm_head(hidden, self.logits_weight)
 
 
 def _cos_sin(inv_freq: torch.Tensor, max_positions: int, scaling: float) -> torch.Tensor:

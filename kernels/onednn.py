@@ -1,0 +1,83 @@
+"""float32 projections on the CPU through oneDNN, each weight reordered once into oneDNN's blocked layout.
+
+F.linear hands a float32 product to oneMKL's SGEMM, which packs the weight operand again on every call:
+at a decode step's 1-16 rows that packing costs as much as the product itself. oneDNN's inner product
+takes a weight reordered ahead of time (`torch.ops.mkldnn._reorder_linear_weight`, the layout
+torch.compile's CPU freezing uses), so each call only streams it. Measured on the 2-core development
+host (µs a call, F.linear against the packed product, C1's tiny Qwen3 shapes): the 8,192 x 256 lm_head
+598 / 102 at 4 rows, 693 / 469 at 16, 215 / 78 at 1; gate_up (1,536 x 256) 85 / 33 at 4, 118 / 102 at
+16; 10-40% faster at 256 and 2,658 rows too. At one row the small projections (<= 256K weights) pay
+oneDNN's ~10 µs of fixed cost and stay on F.linear.
+
+The sums run in another order than SGEMM's, so results differ from F.linear's in the last bits (~1e-5
+relative). The packed copy doubles the weights' memory; past MAX_PACKED_BYTES in all, later weights
+stay on F.linear."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+# the CPU's float32 projections through oneDNN with packed weights; False: F.linear (oneMKL)
+PACKED = True
+MAX_PACKED_BYTES = 4 << 30  # packed copies kept in all
+ONE_ROW_MIN_NUMEL = 1 << 18  # a one-row product takes the packed weight from this many weights
+
+_packed_bytes = 0
+
+
+@functools.cache
+def _available() -> bool:
+    try:
+        ops = torch.ops.mkldnn
+        ops_there = bool(ops._linear_pointwise and ops._reorder_linear_weight)
+        return torch.backends.mkldnn.is_available() and ops_there
+    except (AttributeError, RuntimeError):  # a torch built without oneDNN
+        return False
+
+
+def takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether `linear` takes this product: float32 on the CPU, 2-D, no autograd, a shape it speeds up."""
+    if not (PACKED and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32):
+        return False
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[0] == 0 or x.shape[1] != weight.shape[1]:
+        return False
+    if bias is not None and (bias.dtype != torch.float32 or bias.shape != weight.shape[:1]):
+        return False
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return False
+    if x.shape[0] == 1 and weight.numel() < ONE_ROW_MIN_NUMEL:
+        return False
+    return _available() and _packed(weight) is not None
+
+
+def _version(weight: torch.Tensor) -> int:
+    try:
+        return weight._version
+    except RuntimeError:  # an inference tensor keeps no version counter (and is not edited after loading)
+        return -1
+
+
+def _packed(weight: torch.Tensor) -> torch.Tensor | None:
+    """weight (N, K) reordered for oneDNN, made once and kept on the weight (again if it is edited in
+    place); None past MAX_PACKED_BYTES."""
+    global _packed_bytes
+    held = getattr(weight, "_onednn_packed", None)
+    version = _version(weight)
+    if held is not None and held[0] == version:
+        return held[1]
+    size = weight.numel() * weight.element_size()
+    if held is None and _packed_bytes + size > MAX_PACKED_BYTES:
+        return None
+    with torch.no_grad():
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
+    if held is None:
+        _packed_bytes += size
+    weight._onednn_packed = (version, packed)
+    return packed
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, K) @ weight (N, K)^T + bias, where `takes` said so."""
+    return torch.ops.mkldnn._linear_pointwise(x, _packed(weight), bias, "none", [], "")
