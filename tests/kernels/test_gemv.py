@@ -68,11 +68,18 @@ def test_gemv_rejects_bad_inputs():
     assert gemv(torch.randn(0, 8), w).shape == (0, 4)
 
 
-def test_dispatch_linear_falls_back_off_cuda():
+def test_dispatch_linear_falls_back_off_cuda(monkeypatch):
+    """Off CUDA: F.linear, or for float32 rows oneDNN's packed product (kernels.onednn), equal up to the
+    summation order; with that switched off, F.linear bit for bit."""
+    from kernels import onednn
+
     x, w, b = torch.randn(3, 5, 8), torch.randn(4, 8), torch.randn(4)
-    assert torch.equal(ops.linear(x, w, b), torch.nn.functional.linear(x, w, b))
+    assert torch.equal(ops.linear(x, w, b), torch.nn.functional.linear(x, w, b))  # 3-D: F.linear
     gu = torch.randn(3, 16)
-    assert torch.equal(ops.silu_and_mul_linear(gu, w, b), ref.linear(ref.silu_and_mul(gu), w, b))
+    want = ref.linear(ref.silu_and_mul(gu), w, b)
+    torch.testing.assert_close(ops.silu_and_mul_linear(gu, w, b), want, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(onednn, "PACKED", False)
+    assert torch.equal(ops.silu_and_mul_linear(gu, w, b), want)
     assert use_gemv(1, 4096, 1024) and not use_gemv(0, 4096, 1024) and not use_gemv(4096, 4096, 1024)
 
 

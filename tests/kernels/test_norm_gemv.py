@@ -88,14 +88,23 @@ def test_add_rms_norm_gemv_rejects_bad_inputs():
 
 
 @pytest.mark.parametrize("residual", [True, False])
-def test_dispatch_add_rms_norm_linear_off_cuda_is_the_unfused_reference(residual):
+def test_dispatch_add_rms_norm_linear_off_cuda_is_the_unfused_reference(residual, monkeypatch):
+    """The references' norms, then dispatch.linear: float32 rows take oneDNN's packed product
+    (kernels.onednn, equal up to the summation order); with it off, F.linear bit for bit."""
+    from kernels import onednn
+
     x, res, nw, w, b = _inputs(3, 12, 16, torch.float32, residual=residual, bias=True)
-    y, new_res = ops.add_rms_norm_linear(x, res, nw, EPS, w, b)
     if residual:
         h, expect_res = ref.fused_add_rms_norm(x, res, nw, EPS)
     else:
         h, expect_res = ref.rms_norm(x, nw, EPS), x
-    assert torch.equal(y, torch.nn.functional.linear(h, w, b)) and torch.equal(new_res, expect_res)
+    want = torch.nn.functional.linear(h, w, b)
+    y, new_res = ops.add_rms_norm_linear(x, res, nw, EPS, w, b)
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(new_res, expect_res)
+    monkeypatch.setattr(onednn, "PACKED", False)
+    y, new_res = ops.add_rms_norm_linear(x, res, nw, EPS, w, b)
+    assert torch.equal(y, want) and torch.equal(new_res, expect_res)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -193,12 +202,17 @@ def test_embed_rms_norm_gemv_dot_path_and_bad_inputs():
         embed_rms_norm_gemv(ids, table, nw[:4], EPS, w)
 
 
-def test_dispatch_embed_rms_norm_linear_off_cuda():
+def test_dispatch_embed_rms_norm_linear_off_cuda(monkeypatch):
+    from kernels import onednn
+
     ids, table, nw, w, b = _embed_case(3, 12, 16, torch.float32, bias=True)
     y, res = ops.embed_rms_norm_linear(ids, table, nw, EPS, w, b)
     x = torch.nn.functional.embedding(ids, table)
     assert torch.equal(res, x)
-    assert torch.equal(y, torch.nn.functional.linear(ref.rms_norm(x, nw, EPS), w, b))
+    want = torch.nn.functional.linear(ref.rms_norm(x, nw, EPS), w, b)
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)  # oneDNN's product (kernels.onednn)
+    monkeypatch.setattr(onednn, "PACKED", False)
+    assert torch.equal(ops.embed_rms_norm_linear(ids, table, nw, EPS, w, b)[0], want)
 
 
 @gpu
