@@ -5,8 +5,8 @@ at a decode step's 1-16 rows that packing costs as much as the product itself. o
 takes a weight reordered ahead of time (`torch.ops.mkldnn._reorder_linear_weight`, the layout
 torch.compile's CPU freezing uses), so each call only streams it. Measured on the 2-core development
 host (µs a call, F.linear against the packed product, C1's tiny Qwen3 shapes): the 8,192 x 256 lm_head
-598 / 102 at 4 rows, 693 / 469 at 16, 215 / 78 at 1; gate_up (1,536 x 256) 85 / 33 at 4, 118 / 102 at
-16; 10-40% faster at 256 and 2,658 rows too. At one row the small projections (<= 256K weights) pay
+774 / 328 at 16 rows, 651 / 90 at 3, 217 / 78 at 1; gate_up (1,536 x 256) 145 / 81 at 16, 123 / 30 at
+3; 10-40% faster at 256 and 2,658 rows too. At one row the small projections (under 256K weights) pay
 oneDNN's ~10 µs of fixed cost and stay on F.linear.
 
 The sums run in another order than SGEMM's, so results differ from F.linear's in the last bits (~1e-5
