@@ -294,17 +294,21 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
         if gemv.use_gemv(x.shape[0], weight.shape[0], weight.shape[1]):
             return gemv.gemv(x, weight, bias)
-    if onednn.takes(x, weight, bias):
-        return onednn.linear(x, weight, bias)
-    return ref.linear(x, weight, bias)
+    return _library_linear(x, weight, bias)
 
 
 def lm_head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # (M, vocab), hidden's dtype
-    """hidden (M, H) @ weight (vocab, H)^T: F.linear (cuBLAS on CUDA), or on the CPU in float32 oneDNN's
-    product with the weight packed once (kernels.onednn)."""
-    if onednn.takes(hidden, weight, None):
-        return onednn.linear(hidden, weight)
-    return torch.nn.functional.linear(hidden, weight)
+    """hidden (M, H) @ weight (vocab, H)^T: `linear` without the GEMV (cuBLAS on CUDA; oneDNN's packed
+    product in float32 on the CPU)."""
+    return _library_linear(hidden, weight, None)
+
+
+def _library_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """oneDNN's product with the weight packed once where kernels.onednn takes it, else F.linear."""
+    packed = onednn.packed_weight(x, weight, bias)
+    if packed is not None:
+        return onednn.product(x, packed, bias)
+    return ref.linear(x, weight, bias)
 
 
 def silu_and_mul_linear(
@@ -340,12 +344,6 @@ def add_rms_norm_linear(
 
         if gemv.use_gemv(x.shape[0], weight.shape[0], weight.shape[1]):
             return gemv.add_rms_norm_gemv(x, residual, norm_weight.contiguous(), eps, weight, bias)
-    if not use_triton(x):  # the references' norms, then `linear` (oneDNN's product in float32)
-        if residual is None:
-            h, residual = ref.rms_norm(x, norm_weight, eps), x
-        else:
-            h, residual = ref.fused_add_rms_norm(x, residual, norm_weight, eps)
-        return linear(h, weight, bias), residual
     if residual is None:
         h, residual = rms_norm(x, norm_weight, eps), x
     else:

@@ -4,18 +4,21 @@ F.linear hands a float32 product to oneMKL's SGEMM, which packs the weight opera
 at a decode step's 1-16 rows that packing costs as much as the product itself. oneDNN's inner product
 takes a weight reordered ahead of time (`torch.ops.mkldnn._reorder_linear_weight`, the layout
 torch.compile's CPU freezing uses), so each call only streams it. Measured on the 2-core development
-host (µs a call, F.linear against the packed product, C1's tiny Qwen3 shapes): the 8,192 x 256 lm_head
+host (µs a call, F.linear against the packed product, C1's tiny Qwen3 shapes; timed one product at a
+time by a script not kept, `chatloom bench --workload c1` with and without `--set
+kernels.onednn.PACKED=False` shows the whole): the 8,192 x 256 lm_head
 774 / 328 at 16 rows, 651 / 90 at 3, 217 / 78 at 1; gate_up (1,536 x 256) 145 / 81 at 16, 123 / 30 at
 3; 10-40% faster at 256 and 2,658 rows too. At one row the small projections (under 256K weights) pay
 oneDNN's ~10 µs of fixed cost and stay on F.linear.
 
 The sums run in another order than SGEMM's, so results differ from F.linear's in the last bits (~1e-5
-relative). The packed copy doubles the weights' memory; past MAX_PACKED_BYTES in all, later weights
-stay on F.linear."""
+relative). The packed copy doubles the weights' memory; past MAX_PACKED_BYTES held at once (a copy
+counts until its weight is freed), further weights stay on F.linear."""
 
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 
@@ -37,19 +40,25 @@ def _available() -> bool:
         return False
 
 
-def takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether `linear` takes this product: float32 on the CPU, 2-D, no autograd, a shape it speeds up."""
+def packed_weight(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """weight packed for oneDNN where this product goes there (float32 on the CPU, 2-D, no autograd, a
+    shape it speeds up, within MAX_PACKED_BYTES), else None: what `product` takes."""
     if not (PACKED and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32):
-        return False
+        return None
     if x.dim() != 2 or weight.dim() != 2 or x.shape[0] == 0 or x.shape[1] != weight.shape[1]:
-        return False
+        return None
     if bias is not None and (bias.dtype != torch.float32 or bias.shape != weight.shape[:1]):
-        return False
+        return None
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-        return False
+        return None
     if x.shape[0] == 1 and weight.numel() < ONE_ROW_MIN_NUMEL:
-        return False
-    return _available() and _packed(weight) is not None
+        return None
+    return _packed(weight) if _available() else None
+
+
+def takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether `linear` takes this product (packed_weight gives the weight it would use)."""
+    return packed_weight(x, weight, bias) is not None
 
 
 def _version(weight: torch.Tensor) -> int:
@@ -72,12 +81,23 @@ def _packed(weight: torch.Tensor) -> torch.Tensor | None:
         return None
     with torch.no_grad():
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
-    if held is None:
+    if held is None:  # counted until the weight (and the copy it holds) is freed
         _packed_bytes += size
+        weakref.finalize(weight, _release, size)
     weight._onednn_packed = (version, packed)
     return packed
 
 
+def _release(size: int) -> None:
+    global _packed_bytes
+    _packed_bytes -= size
+
+
+def product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, K) @ weight (N, K)^T + bias, from packed = packed_weight(x, weight, bias)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, K) @ weight (N, K)^T + bias, where `takes` said so."""
-    return torch.ops.mkldnn._linear_pointwise(x, _packed(weight), bias, "none", [], "")
+    return product(x, _packed(weight), bias)

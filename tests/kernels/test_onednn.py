@@ -75,3 +75,19 @@ def test_lm_head():
     with torch.inference_mode():
         _close(dispatch.lm_head(h, w), F.linear(h, w))
         assert torch.equal(dispatch.lm_head(h.half(), w.half()), F.linear(h.half(), w.half()))
+
+
+def test_a_freed_weight_gives_its_room_back(monkeypatch):
+    import gc
+
+    monkeypatch.setattr(onednn, "_packed_bytes", 0)
+    monkeypatch.setattr(onednn, "MAX_PACKED_BYTES", 600 * 256 * 4)
+    x = _rand(4, 256, seed=1)
+    a = _rand(512, 256, seed=2)
+    assert onednn.takes(x, a, None) and onednn._packed_bytes == 512 * 256 * 4
+    del a
+    gc.collect()
+    assert onednn._packed_bytes == 0
+    b = _rand(512, 256, seed=3)
+    assert onednn.packed_weight(x, b, None) is onednn._packed(b)  # packed once, the room reused
+    _close(dispatch.linear(x, b), F.linear(x, b))
