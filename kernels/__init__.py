@@ -10,6 +10,6 @@ rope.py             rotate-half RoPE, in place
 activation.py       silu_and_mul
 bitmask.py          grammar token bitmask applied to logits in place
 _jit.py             compiled-or-interpreted choice per launch (CPU tensors run in Triton's interpreter)
-bench.py            `python -m kernels.bench`: each kernel vs its reference at the Qwen3-0.6B shape
+Micro-benchmarks: `python -m bench.kernels` (the bench/ package).
 Tests: tests/kernels (interpreter on the CPU; `gpu` marker on CUDA; sm_90 compile check without a GPU).
 """

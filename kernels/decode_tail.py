@@ -22,7 +22,7 @@ a stage are read by other programs after the barrier, so those loads bypass L1 (
 follows the unfused kernels (kernels.gemv with NORM or SILU_MUL): fp32 accumulation, each
 intermediate rounded to the activation dtype once.
 
-`python -m kernels.tail_timeline` traces one launch (TRACE: every program stamps the GPU's clock at its
+`python -m bench.tail_timeline` traces one launch (TRACE: every program stamps the GPU's clock at its
 start and, per stage, at its input read, its end and its barrier exit).
 
 Triton's interpreter runs programs one after another, so no program could wait for another: on the CPU
@@ -50,7 +50,7 @@ class TailConfig(NamedTuple):
 
 
 # H200, Qwen3-0.6B shapes (o 1024x2048, gate_up 6144x1024, down 1024x3072, qkv 4096x1024), us per layer
-# with 8 layers' weights streamed from HBM (`python -m kernels.bench --sweep-tail`): two programs of 8
+# with 8 layers' weights streamed from HBM (`python -m bench.kernels --sweep-tail`): two programs of 8
 # warps per SM 18.2, one of 16 warps 18.3, one of 8 19.2, two/three/four of 4 warps 20.4/20.4/20.9; the
 # four projections launched one by one 19.5 (kernels.gemv), this kernel's stages launched one by one
 # 19.0. With 4 warps the weights are multiplied in the layout they were loaded in (8 and 16 move them
@@ -79,7 +79,7 @@ def _grid_sync(bar_ptr, target):
 @triton.jit
 def _stamp(trace_ptr, pid, point: tl.constexpr, TRACE: tl.constexpr):
     """TRACE: once every warp of the program is here, the GPU's global nanosecond clock goes to
-    trace[pid, point] (kernels.tail_timeline); otherwise nothing."""
+    trace[pid, point] (bench.tail_timeline); otherwise nothing."""
     if TRACE:
         tl.debug_barrier()
         t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,

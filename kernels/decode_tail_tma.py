@@ -9,7 +9,7 @@ read them (ALIAS_QKV: 144 KB of buffers), leaving room on the SM for a decode at
 copies run beside the program's own loads and stores: a grid barrier's release fence does not wait for
 them (kernels.decode_tail's weights, held in registers, drain at every barrier).
 
-What the launch's time depends on, measured with `python -m kernels.tail_timeline --tma` on the H200: a
+What the launch's time depends on, measured with `python -m bench.tail_timeline --tma` on the H200: a
 load issued while copies are queued waits behind them, whether it reads HBM or L2 (the stage inputs,
 the barrier's counter). So the copies are issued as late as they can still land in time (SCHEDULE):
 gate_up's after stage 1's weights and input were asked for, down's and the next qkv's once the stage
@@ -48,7 +48,7 @@ SHARED_LIMIT = 227 << 10  # dynamic shared memory a program may hold on sm_90
 NUM_WARPS = 16
 # when the copies are issued (a load issued while copies are queued waits behind them): 0 all at the
 # start; 2 gate_up's at the start, down's and the next qkv's each once the stage before has read its
-# input; 3 as 2 but gate_up's once stage 1 has stored its output. H200, `python -m kernels.bench
+# input; 3 as 2 but gate_up's once stage 1 has stored its output. H200, `python -m bench.kernels
 # --sweep-tail`'s TMA line and W3: 2 17.3 us a layer, W3 1,200-1,211 tok/s; 3 17.9 us; 0 18.3-18.5 us;
 # issuing the next qkv's earlier (with down's once stage 2 has read its input: 18.0 us, W3 1,163; with
 # gate_up's and down's at the start: 18.5 us, W3 1,108) is slower; 4 as 2 but gate_up's before the wait
@@ -86,7 +86,7 @@ def _gdc(instruction: gl.constexpr, ON: gl.constexpr):
 @gluon.jit
 def _stamp(trace_ptr, pid, point: gl.constexpr, TRACE: gl.constexpr):
     """TRACE: once every warp of the program is here, the GPU's nanosecond clock goes to
-    trace[pid, point] (kernels.tail_timeline --tma); otherwise nothing."""
+    trace[pid, point] (bench.tail_timeline --tma); otherwise nothing."""
     if TRACE:
         _cta_barrier()
         t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
@@ -94,7 +94,7 @@ def _stamp(trace_ptr, pid, point: gl.constexpr, TRACE: gl.constexpr):
         gl.store(trace_ptr + pid * TRACE_POINTS + point, t)
 
 
-# the traced points (kernels.tail_timeline --tma)
+# the traced points (bench.tail_timeline --tma)
 POINTS = ("start", "1 (o) end", "barrier 1 exit", "2 (gate_up) input read", "2 weights landed", "2 end",
           "barrier 2 exit", "3 (down) weights landed", "3 end", "barrier 3 exit", "4 (qkv) weights landed",
           "4 end")  # fmt: skip

@@ -237,7 +237,7 @@ def _split_k_reduce_kernel(
     tl.store(y_ptr + (offs // N) * stride_y + n, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-# Tuned on the H200 (bf16, weights streamed from HBM, CUDA-graph replay; `python -m kernels.bench
+# Tuned on the H200 (bf16, weights streamed from HBM, CUDA-graph replay; `python -m bench.kernels
 # --sweep-gemv 1,2,4,8,16,32,64`, 2026-11-29): (N, K, BLOCK_M) -> config, for the Qwen3-0.6B projections
 # qkv 4096x1024, o 1024x2048, gate_up 6144x1024, down 1024x3072. Other shapes use `_heuristic`.
 TUNED: dict[tuple[int, int, int], GemvConfig] = {

@@ -544,7 +544,7 @@ def _decode_reduce_kernel(
     )  # fmt: skip
 
 
-# Tile configurations; module-level so that `python -m kernels.bench --sweep` can try others on the GPU.
+# Tile configurations; module-level so that `python -m bench.kernels --sweep` can try others on the GPU.
 # Chosen without spills on sm_90 (tests/kernels/compile_sm90.py checks): fp32 runs its dots on FMA
 # units (no TF32) and needs 8 warps to hold its tiles in registers.
 PREFILL_CONFIGS = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
@@ -568,7 +568,7 @@ DECODE_CONFIGS = {  # (BLOCK_N, num_warps, num_stages)
 
 # Decode tiles: all of them, the ragged last one included, through one masked loop (True: one software
 # pipeline, the ragged tile's loads in flight with the others), or the whole ones through an unmasked
-# loop and then the ragged one (False). Read at launch. H200 (kernels.bench --sweep, fused launch):
+# loop and then the ragged one (False). Read at launch. H200 (bench.kernels --sweep, fused launch):
 # batch 32 x 256 keys 15.8 us against 16.3, batch 256 x 860 even; W1 20,553 tok/s against 20,063.
 DECODE_ONE_LOOP = True
 
@@ -579,7 +579,7 @@ DECODE_ONE_LOOP = True
 # longest contexts start in the first wave instead of holding the last SMs alone. H200: W2 26,203 /
 # 26,118 tok/s with both (one machine session), pairs in another session: both 25,316 / 25,645 against
 # 24,603 / 24,294 for neither, longest first alone 23,937 / 25,313, head-major alone 24,587.
-# `python -m kernels.bench --sweep-ragged`, batch 256 over 256-2048 keys: 290.4 us plain, 288.1
+# `python -m bench.kernels --sweep-ragged`, batch 256 over 256-2048 keys: 290.4 us plain, 288.1
 # head-major, 281.8 longest first, 283.6 both (4.2 TB/s of K/V; a streaming read reaches 4.3); batch 48
 # 72.3 -> 59.1, 96 120.7 -> 106.9, 160 192.1 -> 181.4.
 DECODE_HEAD_MAJOR = True
@@ -597,7 +597,7 @@ DECODE_PEEL = True
 # from there, so a tile's K/V addresses wait for no load of the loop's own and Triton's software
 # pipeline double-buffers the tiles (K/V of the next tile in flight while a tile is folded in); read per
 # tile, the addresses wait on that tile's block-table load and the pipeline keeps one buffer a tile and
-# waits for every copy at each iteration's top. H200 (triton 3.6), `python -m kernels.bench_w2
+# waits for every copy at each iteration's top. H200 (triton 3.6), `python -m bench.w2_attention
 # --new-token "folded none" --layouts engine`: W2's decode attention 3,908 ms with (64, 4, 3) tiles
 # against 3,999 read per tile with (128, 4, 3), the cache walked alone 3,696 against 3,870 (4.2-4.3
 # TB/s from batch 99 up, a streaming read's rate); 128-key tiles take 139 KB of shared memory doubled
@@ -608,16 +608,16 @@ TABLE_REGS_MAX = 512
 # A wider table (the engine's graphs size it by max_model_len: 2,560 entries at Qwen3's 40,960
 # positions) holds TABLE_REGS_MAX entries from each split's first block; a split longer than they cover
 # walks its keys in chunks, reading the next chunk's entries after each; off: the whole row read per
-# tile. H200, `python -m kernels.bench_w2 --new-token folded --layouts engine --configs 64,4,3`: W2's
+# tile. H200, `python -m bench.w2_attention --new-token folded --layouts engine --configs 64,4,3`: W2's
 # decode attention with 2,560-entry rows 3,899 ms against 3,888 with 512-entry rows held whole (4,053
-# read per tile); `python -m engine.bench --workload w2 --max-model-len 40960` 27,254 tok/s against
+# read per tile); `python -m bench --workload w2 --max-model-len 40960` 27,254 tok/s against
 # 27,339 at 4,096 (26,544 read per tile, another machine session). A second loop reading the blocks past
 # the held entries per tile instead of chunks: 4,006 ms, W2 26,598.
 DECODE_TABLE_PART = True
 # Folded 16-bit models with a q/k norm: the fused decode launch multiplies only v by the row scale
 # (1 / rms of the residual row), since q's and k's RMSNorm cancel it (exact but for the norm's eps and
 # one rounding to the dtype), so q's and k's norms wait on no reduction of the residual row. With the
-# block-table row read before the new token's work (not after it), H200, `python -m kernels.bench_w2
+# block-table row read before the new token's work (not after it), H200, `python -m bench.w2_attention
 # --new-token folded --layouts engine --configs 64,4,3`: W2's decode attention 3,932 ms against
 # 3,954 / 3,963 without either, 3,943 with the table read first alone, 3,939 with this alone; W2 26,904
 # tok/s against 26,782 (one machine session), 27,045 in the next.
@@ -634,7 +634,7 @@ PEEL_STAGES = 1
 # without the alias 1,286-1,298 against 1,270-1,278 with 64-key tiles (sixteenth session, before the
 # head's release moved after its wait: kernels.gemv). Triton 3.9 compiles the same launch to 254
 # registers and 68 KB (compile_sm90 on the development machine): no room beside the tail there. Alone
-# (a graph of the launch, 32 splits, H200; `python -m kernels.bench --sweep` times it at 768 and 4,096
+# (a graph of the launch, 32 splits, H200; `python -m bench.kernels --sweep` times it at 768 and 4,096
 # keys over the swept tiles), the 32-key tile is slower: 14.9 against 11.5 us at 768 keys,
 # 12.4 / 11.9 at 2,048, 16.2 / 13.9 at 4,096; the W3 gain is the co-residency's, and past ~2,000 keys
 # the 64-key tile may be the better batch-1 choice (not measured in the engine)
@@ -851,7 +851,7 @@ def _sm_count(device: torch.device) -> int:
 MAX_SPLITS = 64
 MIN_TOKENS_PER_SPLIT = 128
 # A batch of one to a few waves of (sequence, KV head) programs: each sequence cut in this many splits,
-# so a ragged batch's longest contexts do not hold the last SMs alone. H200 (`kernels.bench
+# so a ragged batch's longest contexts do not hold the last SMs alone. H200 (`bench.kernels
 # --sweep-ragged`, contexts uniform in 256-2048): batch 24 50.2 -> 40.9 us with 2 splits, 48 72.0 -> 66.8,
 # 96 120.7 -> 117.1, 160 192.7 -> 190.1, 256 even (291.6 / 290.8). Off: with 2, W2 25,191 (22,796 as the
 # machine's first W2 process) against 24,518, but W1 (uniform contexts, batch 32) 19,131 against 20,494
@@ -863,7 +863,7 @@ MID_BATCH_WAVES = 8  # up to batch x KV heads < MID_BATCH_WAVES x SMs
 def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
     """Once batch x KV heads fills the SMs, no split (and no reduce launch) at all; below, enough
     (batch, kv_head, split) programs for ~2 waves, each split >= 128 keys. Depends only on python ints,
-    so a CUDA graph captured for a batch size keeps its split count. (H200 sweep, `python -m kernels.bench
+    so a CUDA graph captured for a batch size keeps its split count. (H200 sweep, `python -m bench.kernels
     --sweep`: batch 32 and 256 are fastest unsplit with 128-key tiles, batch 1 with 16-32 splits.)"""
     programs = batch * num_kv_heads
     if programs >= num_sms:

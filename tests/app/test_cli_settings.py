@@ -54,11 +54,11 @@ def test_console_script_help():
     assert out.returncode == 0 and "--api-key" in out.stdout and "--model" in out.stdout
 
 
-def test_bench_delegates_to_engine(monkeypatch):
-    import engine.bench
+def test_bench_delegates_to_the_bench_package(monkeypatch):
+    import bench.workloads
 
     seen = []
-    monkeypatch.setattr(engine.bench, "main", lambda argv: seen.append(argv) or {"tok_s": 1.0})
+    monkeypatch.setattr(bench.workloads, "main", lambda argv: seen.append(argv) or {"tok_s": 1.0})
     assert main(["bench", "c1", "--quick"]) == 0
     assert seen == [["c1", "--quick"]]
 

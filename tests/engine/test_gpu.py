@@ -221,8 +221,8 @@ def test_grammar_masks_from_the_device_table(ckpt):
     """Tool calls under a grammar: the fused sampler reading each row's mask from the device table
     gives the tokens of the host path (whole masks uploaded and applied to the logits), greedy in
     float32, and the table serves repeated grammar states without computing them again."""
+    from bench.grammar import g1_tools
     from grammar.api import build_constraint
-    from grammar.bench import g1_tools
 
     torch.backends.cuda.matmul.allow_tf32 = False
     kw = dict(dtype="float32", max_model_len=1024, max_num_seqs=8, num_kv_blocks=1024)

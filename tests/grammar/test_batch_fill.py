@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from bench.grammar import g1_tools
 from grammar.api import build_constraint
-from grammar.bench import g1_tools
 from grammar.constraint import GrammarConstraint
 from grammar.mask_cache import mask_cache
 from tests.grammar.driver import OPEN_ID, RandomLogits, allowed_ids

@@ -9,8 +9,8 @@ import jsonschema
 import numpy as np
 import pytest
 
+from bench.grammar import g1_tools
 from grammar.api import build_constraint
-from grammar.bench import g1_tools
 from grammar.budget import BudgetCursor
 from tests.grammar.conftest import MODEL_VOCAB
 from tests.grammar.driver import RandomLogits, allowed_ids, decode, split_output

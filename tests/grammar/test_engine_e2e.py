@@ -8,8 +8,8 @@ import json
 import jsonschema
 import pytest
 
+from bench.grammar import g1_tools, run_g1
 from grammar.api import build_constraint
-from grammar.bench import g1_tools, run_g1
 from tests.grammar.driver import split_output
 
 

@@ -277,7 +277,7 @@ def main() -> int:
                     continue
                 stack, regs = _resources(compiled.asm["cubin"], Path(tmp))
                 # a few bytes of stack are tolerated: the unsplit 128-key decode tile keeps 8 and is
-                # still the fastest configuration measured (kernels.bench --sweep)
+                # still the fastest configuration measured (bench.kernels --sweep)
                 checked = "attention" in fn.__module__ or "tail" in fn.__module__
                 spills = bool(stack) and stack > SPILL_TOLERANCE and checked
                 pdl_ok, pdl = _pdl_check(compiled, kwargs)

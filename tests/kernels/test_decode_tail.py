@@ -173,7 +173,7 @@ def test_decode_tail_takes_only_what_fits_in_registers():
 
 @gpu
 def test_decode_tail_gpu_trace():
-    """The traced launch (kernels.tail_timeline) gives the same bits; every program's points are in order,
+    """The traced launch (bench.tail_timeline) gives the same bits; every program's points are in order,
     and no program leaves a barrier before every program has ended the stage before it."""
     from kernels.decode_tail import TRACE_POINTS
 

@@ -17,10 +17,6 @@ from pathlib import Path
 
 import jsonschema
 
-from grammar.api import build_constraint
-from grammar.backend import DEFAULT_BACKEND
-from grammar.mask_cache import mask_cache
-
 G1_TOOLS = Path(__file__).with_name("g1_tools.json")  # a copy of shared/reference/g1_tools.json
 
 
@@ -140,7 +136,11 @@ def run_g1(
     tools_path: str | Path = G1_TOOLS,
     out: Callable[[str], None] = print,
 ) -> dict:
+    # imported here: the workload's data (g1_tools, g1_prompts) stays importable on its own
     from engine.sampling_params import SamplingParams
+    from grammar.api import build_constraint
+    from grammar.backend import DEFAULT_BACKEND
+    from grammar.mask_cache import mask_cache
 
     tools = json.loads(Path(tools_path).read_text())["tools"]
     prompts = g1_prompts(n_requests, prompt_len)

@@ -2,7 +2,7 @@
 configuration, a split rule) for one benchmark process, so two settings are compared by two runs of
 the same command instead of a python one-liner per experiment.
 
-Only existing UPPER_CASE attributes of chatloom's own modules (kernels.*, engine.*, grammar.*) are
+Only existing UPPER_CASE attributes of chatloom's own modules (kernels.*, engine.*, grammar.*, bench.*) are
 accepted, and only with a Python literal of the type they already hold (an int where a float is held
 too): a typo fails before the model loads instead of silently measuring the default.
 """
@@ -13,7 +13,7 @@ import ast
 import importlib
 import sys
 
-PACKAGES = ("kernels", "engine", "grammar")
+PACKAGES = ("kernels", "engine", "grammar", "bench")
 
 
 def parse(spec: str) -> tuple[str, str, object]:
@@ -37,7 +37,7 @@ def parse(spec: str) -> tuple[str, str, object]:
 
 def _module(module_name: str):
     """The module the running program reads `module_name`'s switches from: `__main__` when the program
-    is that module (`python -m kernels.bench_w2` runs it as `__main__`, and an import by name would give a
+    is that module (`python -m bench.w2_attention` runs it as `__main__`, and an import by name would give a
     second copy whose switches nothing reads), else the imported module."""
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)

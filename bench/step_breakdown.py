@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from engine.step_timers import StepTimers
+from bench.step_timers import StepTimers
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 

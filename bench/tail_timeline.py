@@ -1,4 +1,4 @@
-"""Where the one-launch decode layer tail spends its time (`python -m kernels.tail_timeline`, CUDA only).
+"""Where the one-launch decode layer tail spends its time (`python -m bench.tail_timeline`, CUDA only).
 
 Each program of a traced launch (kernels.decode_tail, TRACE) writes the GPU's global nanosecond clock at
 its start and, for each stage, once its input is read, at the stage's end (every warp past its stores)
@@ -21,7 +21,7 @@ POINTS = ("start", "1 (o) input read", "1 end", "barrier 1 exit", "2 (gate_up) i
 
 
 def _inputs(dtype, device, copies: int):
-    from kernels.bench import HEAD_DIM, HIDDEN, NUM_HEADS, _randn, tail_layers
+    from bench.kernels import HEAD_DIM, HIDDEN, NUM_HEADS, _randn, tail_layers
 
     a = _randn(1, NUM_HEADS * HEAD_DIM, dtype=dtype, device=device)
     res = _randn(1, HIDDEN, dtype=dtype, device=device)
@@ -65,9 +65,9 @@ def timeline(dtype=torch.bfloat16, reps: int = 20, copies: int = 8, tma: bool = 
 
 def main(argv: list[str] | None = None) -> int:
     summary = __doc__.split("\n\n")[0]
-    parser = argparse.ArgumentParser(prog="python -m kernels.tail_timeline", description=summary)
+    parser = argparse.ArgumentParser(prog="python -m bench.tail_timeline", description=summary)
     parser.add_argument("--reps", type=int, default=20, help="traced launches per case (medians over them)")
-    from engine import bench_switches
+    from bench import switches as bench_switches
 
     bench_switches.add_option(parser, "flip a switch first, e.g. kernels.decode_tail.COOPERATIVE=False")
     parser.add_argument("--tma", action="store_true", help="trace kernels.decode_tail_tma instead")

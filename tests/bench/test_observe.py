@@ -1,4 +1,4 @@
-"""engine.bench_observe.NewKernels: the Triton kernel variants first met inside a timed block."""
+"""bench.observe.NewKernels: the Triton kernel variants first met inside a timed block."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.bench_observe import NewKernels
+from bench.observe import NewKernels
 
 knobs = pytest.importorskip("triton").knobs
 
@@ -58,8 +58,8 @@ class _FakeEvent:
 def test_gpu_gaps_marks_each_part_of_a_step(monkeypatch):
     import torch
 
-    from engine.bench_observe import GpuGaps
-    from engine.step_timers import StepTimers
+    from bench.observe import GpuGaps
+    from bench.step_timers import StepTimers
 
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
@@ -102,7 +102,7 @@ def test_gpu_gaps_marks_each_part_of_a_step(monkeypatch):
 
 
 def test_kernel_gaps_bins_idle_time_and_names_the_kernel_after_each_gap():
-    from engine.bench_observe import kernel_gaps
+    from bench.observe import kernel_gaps
 
     us = 1000  # ns
     spans = [
@@ -126,7 +126,7 @@ def test_kernel_gaps_bins_idle_time_and_names_the_kernel_after_each_gap():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU message is for machines without CUDA")
 def test_trace_without_a_gpu_says_it_wrote_nothing(tmp_path, capsys):
-    from engine.bench_observe import Profile
+    from bench.observe import Profile
 
     path = tmp_path / "trace.json"
     prof = Profile(enabled=False, trace=str(path))  # a trace asked for turns the profile on

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from bench.step_breakdown import StepBreakdown, bucket
 from engine import LLM, SamplingParams
-from engine.bench_steps import StepBreakdown, bucket
 
 
 def test_bucket():

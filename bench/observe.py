@@ -28,7 +28,7 @@ class HostTimeline:
     )
 
     def __init__(self, core, enabled: bool) -> None:
-        from engine.step_timers import StepTimers
+        from bench.step_timers import StepTimers
 
         self.core = core
         self.enabled = enabled

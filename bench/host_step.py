@@ -3,7 +3,7 @@ overlapped step as on CUDA) whose forward and sampling kernels are replaced by s
 timed is what the host does between two launches: schedule, build the step's tensors, read back and
 accept tokens (detokenize, stop checks), record computed K/V.
 
-    python -m engine.bench_host --batch 32 256 --steps 200 [--profile]
+    python -m bench.host_step --batch 32 256 --steps 200 [--profile]
 
 Prompts of 100..1,900 tokens (block_size 16: up to ~125 blocks per table, as in W2's long tail);
 every sequence decodes past the timed steps, so the batch stays full."""
@@ -46,10 +46,10 @@ def _stub_device_work(core, seed: int) -> None:
 
 
 def run(batch: int, steps: int, profile: bool, folder: Path) -> dict:
+    from bench.step_timers import StepTimers
     from engine.config import EngineConfig
     from engine.engine_core import EngineCore
     from engine.sampling_params import SamplingParams
-    from engine.step_timers import StepTimers
 
     rng = random.Random(0)
     prompts = [[rng.randint(0, 10000) for _ in range(rng.randint(100, 1900))] for _ in range(batch)]
@@ -119,7 +119,7 @@ def run(batch: int, steps: int, profile: bool, folder: Path) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m engine.bench_host", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.host_step", description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, nargs="+", default=[32, 256], help="running sequences")
     p.add_argument("--steps", type=int, default=200, help="timed decode steps per batch size")
     p.add_argument("--profile", action="store_true", help="cProfile the timed steps (distorts times)")

@@ -1,8 +1,8 @@
 """Micro-benchmarks of every Triton kernel against its torch reference at the Qwen3-0.6B shape.
 
-    python -m kernels.bench                      # all kernels, bf16, on CUDA
-    python -m kernels.bench --only decode,prefill --flush-l2
-    python -m kernels.bench --tiny               # tiny shapes; runs on the CPU through the interpreter
+    python -m bench.kernels                      # all kernels, bf16, on CUDA
+    python -m bench.kernels --only decode,prefill --flush-l2
+    python -m bench.kernels --tiny               # tiny shapes; runs on the CPU through the interpreter
 
 Columns: `triton` and `torch` are eager per-call times (launch overhead included, as the engine would
 pay without CUDA graphs); `graph` is the Triton call replayed from a CUDA graph (GPU time only); where
@@ -23,11 +23,13 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.config import EngineConfig
 from kernels import reference as ref
 
 # Qwen3-0.6B
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, HIDDEN, INTERMEDIATE, VOCAB = 16, 8, 128, 1024, 3072, 151_936
-BLOCK_SIZE = 16
+# the KV-cache block size production runs on CUDA (EngineConfig.resolve_block_size)
+BLOCK_SIZE = EngineConfig().resolve_block_size("cuda")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 KERNELS = [
     "decode", "prefill", "store_kv", "rms_norm", "fused_add_rms_norm", "rope", "qk_norm_rope_store",
@@ -556,7 +558,7 @@ def sweep_ragged(dtype, device, timer: Timer, tiny: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m kernels.bench",
+        prog="python -m bench.kernels",
         description="Micro-benchmarks of the Triton kernels vs their torch references (Qwen3-0.6B shapes: "
         f"{NUM_HEADS} q heads, {NUM_KV_HEADS} kv heads, head_dim {HEAD_DIM}, hidden {HIDDEN}; cache block "
         f"size {BLOCK_SIZE}). Decode: batch 1 and 32 at context 512-4096; prefill: 32x128 new tokens, "
@@ -584,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead: time the lm_head + sampling at M = 1, 2, 4 (F.linear then "
                         "sample_tokens) against kernels.lm_head_sample's one launch over block "
                         "configs")  # fmt: skip
-    from engine import bench_switches
+    from bench import switches as bench_switches
 
     bench_switches.add_option(parser, "flip a module-level switch for this run (as chatloom bench --set)")
     args = parser.parse_args(argv)

@@ -5,7 +5,7 @@
     chatloom bench --workload m1                # replayed 10-turn conversation: warm vs cold TTFT
     chatloom bench --workload g1                # grammar-constrained tool calls vs unconstrained
 
-Runs without the web stack (also as `python -m engine.bench`)."""
+Runs without the web stack (also as `python -m bench`)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine import bench_switches
+from bench import switches as bench_switches
 from engine.models.tiny import BENCH_SHAPE, build_checkpoint
 
 HBM_BYTES_PER_S = 4.3e12  # H200
@@ -115,7 +115,7 @@ def _checkpoint(shape: dict, vocab: int, folder: Path, dummy: bool) -> Path:
 def _time_engine(llm, prompts, outs, temperature: float, label: str) -> tuple[float, int]:
     import torch
 
-    from engine.bench_observe import NewKernels
+    from bench.observe import NewKernels
 
     params = [_params(n, temperature) for n in outs]
     llm.reset_prefix_cache()
@@ -309,7 +309,7 @@ def bench_m1(args) -> dict:
             cold.append(ttft(turns[-1]))
         if PROFILE:  # one more warm turn 10, profiled
             replay_turns_1_to_9()
-            from engine.bench_observe import Profile
+            from bench.observe import Profile
 
             with Profile(enabled=True) as prof:
                 dt = ttft(turns[-1])
@@ -327,7 +327,7 @@ def bench_m1(args) -> dict:
 def bench_g1(args) -> dict:
     """64 tool_choice=required requests through our tool-call grammar vs the same lengths free."""
     try:
-        from grammar.bench import run_g1
+        from bench.grammar import run_g1
     except ImportError as e:  # the grammar package needs its backend library
         raise SystemExit(f"G1 needs the grammar package and its backend: {e}") from e
     with tempfile.TemporaryDirectory() as tmp:
@@ -340,8 +340,8 @@ def bench_g1(args) -> dict:
 def _observed(llm, label: str | None = None):
     """--profile / --timeline around one timed run (reported after it, under `label` if given)."""
     steps0, t0 = llm.core.num_steps, time.perf_counter()
-    from engine.bench_observe import HostTimeline, Profile
-    from engine.bench_steps import StepBreakdown
+    from bench.observe import HostTimeline, Profile
+    from bench.step_breakdown import StepBreakdown
 
     profiler, timeline = Profile(enabled=PROFILE, trace=TRACE), HostTimeline(llm.core, enabled=TIMELINE)
     kv_per_token = llm.core.runner.block_bytes // llm.config.block_size

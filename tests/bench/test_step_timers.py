@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.step_timers import StepTimers
+from bench.step_timers import StepTimers
 
 
 class _Clock:

@@ -1,17 +1,17 @@
 """W2's decode attention replayed step by step: the engine's fused decode launch on the contexts W2's
 decode steps have, timed from CUDA graphs, per tile configuration.
 
-    python -m kernels.bench_w2                       # every 50th step, the engine's configs and others
-    python -m kernels.bench_w2 --stride 100 --configs "128,4,3 64,4,3"
-    python -m kernels.bench_w2 --tiny                # a few small steps on the CPU (Triton's interpreter)
-    python -m kernels.bench_w2 --layouts "shuffled engine contiguous" --configs 128,4,3
-    python -m kernels.bench_w2 --new-token "fused folded none" --configs 128,4,3
-    python -m kernels.bench_w2 --set kernels.paged_attention.DECODE_ONE_LOOP=False --configs 128,4,3
+    python -m bench.w2_attention                       # every 50th step, the engine's configs and others
+    python -m bench.w2_attention --stride 100 --configs "128,4,3 64,4,3"
+    python -m bench.w2_attention --tiny                # a few small steps on the CPU (Triton's interpreter)
+    python -m bench.w2_attention --layouts "shuffled engine contiguous" --configs 128,4,3
+    python -m bench.w2_attention --new-token "fused folded none" --configs 128,4,3
+    python -m bench.w2_attention --set kernels.paged_attention.DECODE_ONE_LOOP=False --configs 128,4,3
 
 W2 (../shared/reference/benchmarks.md) decodes 256 sequences of 100-1,024 prompt tokens, each for its
 own 100-1,024 tokens: its steps go from batch 256 at ~600 keys to a few sequences at ~2,000. Each sampled
 step stands for the `stride` steps around it, so `W2 total` estimates the whole run's decode attention
-(28 layers); the engine's own time is in `python -m engine.bench --workload w2 --profile`. Per step it
+(28 layers); the engine's own time is in `python -m bench --workload w2 --profile`. Per step it
 prints us and TB/s of K/V read; configurations are (BLOCK_N, warps, stages) of DECODE_CONFIGS' wide key
 (batch x KV heads >= SMs) and, below that, its split key. Layouts place each sequence's cache blocks in
 the pool: `shuffled` (random blocks), `engine` (as a first-free allocator hands them out in W2: each
@@ -31,7 +31,7 @@ import argparse
 
 import torch
 
-from kernels.bench import BLOCK_SIZE, HEAD_DIM, HIDDEN, NUM_HEADS, NUM_KV_HEADS, Timer, _new_token, _randn
+from bench.kernels import BLOCK_SIZE, HEAD_DIM, HIDDEN, NUM_HEADS, NUM_KV_HEADS, Timer, _new_token, _randn
 
 LAYERS = 28
 WIDE_CONFIGS = [(128, 4, 3), (64, 4, 3), (64, 4, 4), (128, 4, 2), (64, 8, 3), (32, 4, 4), (128, 8, 3)]
@@ -40,7 +40,7 @@ WIDE_CONFIGS = [(128, 4, 3), (64, 4, 3), (64, 4, 4), (128, 4, 2), (64, 8, 3), (3
 def w2_steps(stride: int, tiny: bool) -> list[tuple[int, list[int], list[int]]]:
     """(step, contexts of the sequences still decoding at it, the new token included, their indices)
     every `stride` steps of W2 (tiny: 2 sequences of a few dozen keys)."""
-    from engine.bench import w2_workload
+    from bench.workloads import w2_workload
 
     prompts, outs = w2_workload()
     ins = [len(p) for p in prompts]
@@ -57,7 +57,7 @@ def w2_steps(stride: int, tiny: bool) -> list[tuple[int, list[int], list[int]]]:
 def engine_tables(tiny: bool) -> tuple[list[list[int]], int]:
     """Every W2 sequence's whole block table as a first-free allocator builds it (prompts admitted in
     order, then each decode step's new blocks in batch order), and the blocks used."""
-    from engine.bench import w2_workload
+    from bench.workloads import w2_workload
 
     prompts, outs = w2_workload()
     ins = [len(p) for p in prompts]
@@ -235,7 +235,8 @@ def _names(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernels.bench_w2", description=__doc__.split("\n\n")[0])
+    summary = __doc__.split("\n\n")[0]
+    parser = argparse.ArgumentParser(prog="python -m bench.w2_attention", description=summary)
     parser.add_argument("--stride", type=int, default=50, help="time every STRIDE-th decode step of W2")
     parser.add_argument(
         "--configs", default=None, help="space-separated BLOCK_N,warps,stages (default: a sweep)"
@@ -258,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         help="block-table entries a sequence (0: its step's longest context; the engine's graphs take "
         "max_model_len / 16: 256 at W2's 4,096, 2,560 at 40,960)",
     )
-    from engine import bench_switches
+    from bench import switches as bench_switches
 
     bench_switches.add_option(
         parser, "flip a module-level switch for this run (as chatloom bench --set; repeatable)"

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from engine import bench, bench_switches
+from bench import switches as bench_switches
+from bench import workloads as bench
 from kernels import dispatch, paged_attention
 
 
@@ -54,18 +55,19 @@ def test_apply_sets_all_or_nothing(monkeypatch):
 
 
 def test_apply_sets_the_running_program_when_it_is_the_module(monkeypatch):
-    # `python -m kernels.bench_w2 --set kernels.bench_w2.X=...`: the program runs as __main__, whose globals
-    # its functions read; the module imported by name is another copy
+    # `python -m bench.w2_attention --set bench.w2_attention.X=...`: the program runs as __main__,
+    # whose globals its functions read; the module imported by name is another copy
     import types
 
     main = types.ModuleType("__main__")
-    main.__spec__ = types.SimpleNamespace(name="kernels.bench_w2")
-    main.BLOCK_SIZE = 16
+    main.__spec__ = types.SimpleNamespace(name="bench.w2_attention")
+    main.BLOCK_SIZE = 8
     monkeypatch.setitem(sys.modules, "__main__", main)
-    from kernels import bench_w2
+    from bench import w2_attention as bench_w2
 
-    assert bench_switches.apply(["kernels.bench_w2.BLOCK_SIZE=32"]) == {"kernels.bench_w2.BLOCK_SIZE": 32}
-    assert main.BLOCK_SIZE == 32 and bench_w2.BLOCK_SIZE == 16
+    imported = bench_w2.BLOCK_SIZE
+    assert bench_switches.apply(["bench.w2_attention.BLOCK_SIZE=64"]) == {"bench.w2_attention.BLOCK_SIZE": 64}
+    assert main.BLOCK_SIZE == 64 and bench_w2.BLOCK_SIZE == imported != 64
     monkeypatch.setattr(dispatch, "DECODE_TAIL", True)  # another module is still set by import
     bench_switches.apply(["kernels.dispatch.DECODE_TAIL=False"])
     assert dispatch.DECODE_TAIL is False

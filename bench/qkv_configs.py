@@ -2,10 +2,10 @@
 wide decode steps' row counts (Qwen3-0.6B: 4,096 x 1,024 weights; each timing replays one CUDA graph of
 28 layers' weights, as the engine reads them).
 
-    python -m kernels.bench_qkv                                  # the default configs and build
-    python -m kernels.bench_qkv --rows 256,160 --configs "64,128,4,3 64,64,4,4" --row-pass dot
-    python -m kernels.bench_qkv --loads "pointers tma" --row-pass "loads dot"
-    python -m kernels.bench_qkv --tiny                           # a smoke run on the CPU (interpreter)
+    python -m bench.qkv_configs                                  # the default configs and build
+    python -m bench.qkv_configs --rows 256,160 --configs "64,128,4,3 64,64,4,4" --row-pass dot
+    python -m bench.qkv_configs --loads "pointers tma" --row-pass "loads dot"
+    python -m bench.qkv_configs --tiny                           # a smoke run on the CPU (interpreter)
 
 Prints us a launch (and the error against reference.qkv_new_token) per row count, configuration
 (BLOCK_M, BLOCK_K, warps, stages), `ROW_PASS` (how 1 / rms of the rows is taken) and `LOADS` (how the
@@ -17,8 +17,8 @@ import argparse
 
 import torch
 
+from bench.kernels import Timer, _err, qkv_new_token_inputs, qkv_weight
 from kernels import reference as ref
-from kernels.bench import Timer, _err, qkv_new_token_inputs, qkv_weight
 
 LAYERS = 28
 CONFIGS = [(64, 64, 4, 6), (64, 128, 4, 4), (64, 128, 4, 3), (64, 64, 4, 4)]
@@ -72,7 +72,7 @@ def _row(m: int, ws: list[torch.Tensor], configs, row_passes, timer: Timer, dtyp
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernels.bench_qkv", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.qkv_configs", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default="256,192,160,128", help="comma list of row counts")
     parser.add_argument("--configs", default=None, help="space-separated BLOCK_M,BLOCK_K,warps,stages")
     parser.add_argument("--row-pass", default="dot", help="space-separated: loads, dot")

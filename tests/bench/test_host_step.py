@@ -1,9 +1,9 @@
-"""engine.bench_host runs the real engine step with the device work stubbed: a short run completes,
+"""bench.host_step runs the real engine step with the device work stubbed: a short run completes,
 keeps its batch full and reports the host parts it timed."""
 
 from __future__ import annotations
 
-from engine import bench_host
+from bench import host_step as bench_host
 
 
 def test_bench_host_smoke():
