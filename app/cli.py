@@ -32,11 +32,57 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--max-model-len", type=int, help="context length (default: the checkpoint's)")
     p.add_argument("--num-kv-blocks", type=int, help="KV cache blocks (default: sized from memory)")
     p.add_argument("--max-num-seqs", type=int, help="most sequences decoded at once")
+    _engine_flags(p)
     p.add_argument("--database-url", help="SQLAlchemy URL of the conversation store")
     p.add_argument(
         "--cors-origin", action="append", dest="cors_origins", help="allowed browser origin (repeat)"
     )
     p.add_argument("--log-level", help="debug | info | warning | error")
+
+
+def _json_object(text: str) -> dict:
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
+
+
+# the rest of EngineConfig's knobs (engine/config.py), each also a CHATLOOM_<NAME> variable
+_ENGINE_FLAGS: dict[str, tuple[Any, str]] = {
+    "block_size": (int, "tokens a KV-cache block holds, a power of two (default: 32 on CUDA, 16 on CPU)"),
+    "gpu_memory_utilization": (float, "fraction of free GPU memory the KV cache may take (default 0.85)"),
+    "cpu_kv_cache_bytes": (int, "KV cache bytes on the CPU when --num-kv-blocks is unset"),
+    "max_num_batched_tokens": (int, "token budget of one engine step (default 8192)"),
+    "enable_prefix_caching": (bool, "reuse the KV blocks of a shared prompt prefix (default on)"),
+    "enable_chunked_prefill": (bool, "split long prompts over steps (default on)"),
+    "enforce_eager": (bool, "no CUDA graphs (debugging)"),
+    "async_scheduling": (bool, "prepare step N+1 while the GPU runs step N (default: on CUDA only)"),
+    "launch_ahead": (bool, "with async scheduling, launch the next forward before host-side sampling"),
+    "device_mask_rows": (int, "grammar mask rows cached on the GPU (0: upload masks each step)"),
+    "sampler_graphs": (bool, "replay the fused sampling from CUDA graphs (default on)"),
+    "load_format": (str, "auto | safetensors | dummy (random weights of the checkpoint's shape)"),
+    "tokenizer": (str, "tokenizer folder (default: the checkpoint's)"),
+    "hf_overrides": (_json_object, "JSON object of config fields overriding the checkpoint's (dummy shapes)"),
+    "cuda_graph_sizes": (str, "comma list of decode batch sizes captured as CUDA graphs"),
+    "prefill_graph_max_tokens": (int, "a lone prefill chunk up to N tokens replays a graph (0: eager)"),
+    "batch_graph_max_tokens": (int, "a step with prefill chunks up to N tokens replays a graph (0: eager)"),
+    "num_threads": (int, "torch CPU threads (default: torch's)"),
+    "seed": (int, "sampling seed of requests that set none (default 0)"),
+}
+
+
+def _engine_flags(p: argparse.ArgumentParser) -> None:
+    for name, (kind, text) in _ENGINE_FLAGS.items():
+        flag = "--" + name.replace("_", "-")
+        if kind is bool:
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
+        else:
+            p.add_argument(flag, type=kind, help=text)
 
 
 def _chat_parser(sub: Any) -> None:
@@ -78,6 +124,7 @@ def settings_from_args(args: argparse.Namespace):
         "database_url",
         "cors_origins",
         "log_level",
+        *_ENGINE_FLAGS,
     )
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     return Settings(**overrides)

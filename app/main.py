@@ -42,24 +42,14 @@ async def _maybe_await(value: Any) -> None:
 
 def build_engine(settings: Settings) -> Any:
     """AsyncEngine for the configured checkpoint (the embedded default when none); blocking."""
-    from engine import AsyncEngine, EngineConfig
+    from engine import AsyncEngine
 
     model = settings.model
     if not model:
         from engine.models.tiny import default_model_dir
 
         model = str(default_model_dir())
-    config = EngineConfig(
-        model=model,
-        device=settings.device,
-        dtype=settings.dtype,
-        max_model_len=settings.max_model_len,
-        num_kv_blocks=settings.num_kv_blocks,
-        max_num_seqs=settings.max_num_seqs,
-        enforce_eager=settings.enforce_eager,
-        seed=settings.seed,
-    )
-    return AsyncEngine(config)
+    return AsyncEngine(settings.engine_config(model))
 
 
 async def attach_engine(app: FastAPI, engine: Any) -> None:

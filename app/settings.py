@@ -25,6 +25,25 @@ class Settings(BaseSettings):
     max_num_seqs: int = 256
     enforce_eager: bool = False
     seed: int = 0
+    # the rest of EngineConfig's knobs, same names (engine/config.py says what each does); None: the
+    # engine's default. Every EngineConfig field but `model` is a field here (tests/app/test_engine_settings)
+    block_size: int | None = None
+    gpu_memory_utilization: float = 0.85
+    cpu_kv_cache_bytes: int = 256 << 20
+    max_num_batched_tokens: int = 8192
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    async_scheduling: bool | None = None
+    launch_ahead: bool = True
+    device_mask_rows: int = 4096
+    sampler_graphs: bool = True
+    load_format: str = "auto"
+    tokenizer: str | None = None
+    hf_overrides: dict = Field(default_factory=dict)  # CHATLOOM_HF_OVERRIDES='{"num_hidden_layers": 2}'
+    cuda_graph_sizes: Annotated[list[int] | None, NoDecode] = None  # CHATLOOM_CUDA_GRAPH_SIZES="1,2,4,8"
+    prefill_graph_max_tokens: int = 512
+    batch_graph_max_tokens: int = 8192
+    num_threads: int | None = None
 
     # HTTP
     host: str = "127.0.0.1"
@@ -53,6 +72,35 @@ class Settings(BaseSettings):
                 return json.loads(text)
             return [part.strip() for part in text.split(",") if part.strip()]
         return value
+
+    @field_validator("cuda_graph_sizes", mode="before")
+    @classmethod
+    def _split_sizes(cls, value: object) -> object:
+        # CHATLOOM_CUDA_GRAPH_SIZES="1,2,4,8" or a JSON list; "" is None (the engine's ladder)
+        if isinstance(value, str):
+            text = value.strip()
+            if not text:
+                return None
+            if text.startswith("["):
+                import json
+
+                return json.loads(text)
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _check_engine_config(self) -> Settings:
+        self.engine_config("")  # EngineConfig's own checks, each naming its field, before anything loads
+        return self
+
+    def engine_config(self, model: str):
+        """The EngineConfig these settings describe, for the checkpoint `model`."""
+        from dataclasses import fields
+
+        from engine.config import EngineConfig
+
+        names = [f.name for f in fields(EngineConfig) if f.name != "model"]
+        return EngineConfig(model=model, **{name: getattr(self, name) for name in names})
 
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:
