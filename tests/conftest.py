@@ -28,6 +28,23 @@ def checkpoint_factory(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def family_checkpoint(tmp_path_factory):
+    """family_checkpoint(family) -> folder: a tiny random checkpoint wearing a real model family's
+    tokenizer and chat template (tests/families.py: qwen, smollm2, mistral_v3, mistral_tekken, llama3);
+    built once per session."""
+    from tests.families import build_family_checkpoint
+
+    built: dict[str, Path] = {}
+
+    def make(family: str) -> Path:
+        if family not in built:
+            built[family] = build_family_checkpoint(tmp_path_factory.mktemp(f"family-{family}"), family)
+        return built[family]
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen3(checkpoint_factory) -> Path:
     return checkpoint_factory("qwen3")
 

