@@ -48,7 +48,11 @@ class Settings(BaseSettings):
     # HTTP
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: SecretStr | None = None  # guards /v1/* (and the path aliases without /v1)
+    api_key: SecretStr | None = None  # guards /v1/* (and the path aliases without /v1), /docs
+    api_key_file: Path | None = None  # the key read from a file (flags show in `ps`; files don't)
+    # Host header check against DNS rebinding: names (or "*.domain", or "*" for any) this server
+    # answers to; None: localhost, 127.0.0.1, ::1 and the bind host
+    allowed_hosts: Annotated[list[str] | None, NoDecode] = None
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)  # larger request bodies are a 413
     max_n: int = Field(default=16, ge=1)  # the largest `n` a request may ask for
     grammar_timeout_s: float = Field(default=30.0, gt=0)  # longest wait for a new tool/JSON grammar
@@ -60,10 +64,27 @@ class Settings(BaseSettings):
     n8n_history_table: str = "n8n_chat_histories"
     assistants_file: Path | None = None
 
-    @field_validator("cors_origins", mode="before")
+    # who may call /webhook/{assistant}/chat (an assistant's own webhook_auth wins): n8n's Chat
+    # Trigger options, none | basic | header; each secret also from a file (*_file)
+    webhook_auth: Literal["none", "basic", "header"] = "none"
+    webhook_user: str | None = None
+    webhook_password: SecretStr | None = None
+    webhook_password_file: Path | None = None
+    webhook_header_name: str = "Authorization"
+    webhook_header_value: SecretStr | None = None
+    webhook_header_value_file: Path | None = None
+    allow_open_webhook: bool = False  # production answers an open webhook with 403 unless True
+    # where assistants' webhook tools may connect: host names ("*.domain" too; empty: any), and
+    # networks (CIDR) allowed although not public (loopback, private, link-local are refused)
+    webhook_allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    webhook_allowed_networks: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    @field_validator(
+        "cors_origins", "allowed_hosts", "webhook_allowed_hosts", "webhook_allowed_networks", mode="before"
+    )
     @classmethod
     def _split_origins(cls, value: object) -> object:
-        # CHATLOOM_CORS_ORIGINS="http://a,http://b" or a JSON list
+        # CHATLOOM_CORS_ORIGINS="http://a,http://b" or a JSON list (the other lists alike)
         if isinstance(value, str):
             text = value.strip()
             if text.startswith("["):
@@ -101,6 +122,42 @@ class Settings(BaseSettings):
 
         names = [f.name for f in fields(EngineConfig) if f.name != "model"]
         return EngineConfig(model=model, **{name: getattr(self, name) for name in names})
+
+    @field_validator("webhook_allowed_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        import ipaddress
+
+        for item in value:
+            ipaddress.ip_network(item, strict=False)  # ValueError names the bad entry
+        return value
+
+    @model_validator(mode="after")
+    def _secrets_from_files(self) -> Settings:
+        for name in ("api_key", "webhook_password", "webhook_header_value"):
+            path = getattr(self, f"{name}_file")
+            if path is not None and getattr(self, name) is None:
+                try:
+                    text = Path(path).read_text().strip()
+                except OSError as exc:
+                    raise ValueError(f"{name}_file: cannot read {path}: {exc.strerror}") from exc
+                if not text:
+                    raise ValueError(f"{name}_file: {path} is empty")
+                setattr(self, name, SecretStr(text))
+        if self.webhook_auth == "basic" and not (self.webhook_user and self.webhook_password):
+            raise ValueError("CHATLOOM_WEBHOOK_AUTH=basic needs CHATLOOM_WEBHOOK_USER and a password")
+        if self.webhook_auth == "header" and not self.webhook_header_value:
+            raise ValueError("CHATLOOM_WEBHOOK_AUTH=header needs CHATLOOM_WEBHOOK_HEADER_VALUE (or _FILE)")
+        return self
+
+    def host_allow_list(self) -> list[str]:
+        """allowed_hosts, or its default: the loopback names and the bind host."""
+        if self.allowed_hosts is not None:
+            return self.allowed_hosts
+        names = ["localhost", "127.0.0.1", "::1"]
+        if self.host not in ("0.0.0.0", "::", "") and self.host not in names:
+            names.append(self.host)
+        return names
 
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:
