@@ -1,13 +1,16 @@
-"""The OpenAI error object on every 4xx: validation (FastAPI's 422 becomes 400 naming the field),
-auth, unknown routes, oversized bodies. Unexpected exceptions are not caught here: they stay logged
-500s (Starlette's ServerErrorMiddleware), so bugs are never disguised as bad input."""
+"""The OpenAI error object on every 4xx: validation (FastAPI's 422 becomes 400 naming the field,
+in the answers and in the OpenAPI document), auth, unknown routes, oversized bodies; a 503 when the
+conversation store is unreachable. Unexpected exceptions stay 500s, logged once with their
+traceback (InternalErrorMiddleware), so bugs are never disguised as bad input."""
 
 from __future__ import annotations
 
 import json
 import logging
+import warnings
 from typing import Any
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -50,6 +53,18 @@ class APIError(Exception):
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.param, self.code)
+
+
+class StoreUnavailable(APIError):
+    """The conversation store cannot be reached or did not answer in time (app.memory.db)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(
+            f"The conversation store is unavailable ({detail}); retry shortly.",
+            503,
+            code="database_unavailable",
+            type="service_unavailable",
+        )
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
@@ -153,22 +168,113 @@ async def _on_internal_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(500, "The server had an error while processing the request.", type="server_error")
 
 
+class InternalErrorMiddleware:
+    """The outermost handler of unexpected exceptions: one log record with the traceback and the
+    500 error object (when the status line is not sent yet). Without it Starlette logs through our
+    handler and then re-raises to the server, which logs the same traceback a second time."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception as exc:
+            log.error("internal error on %s %s", scope.get("method"), scope.get("path"), exc_info=exc)
+            if not started:
+                response = error_response(
+                    500, "The server had an error while processing the request.", type="server_error"
+                )
+                await response(scope, receive, send)
+
+
+_ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+
+
+def openapi_with_400(app: FastAPI) -> None:
+    """The OpenAPI document says what the server answers: 400 with the OpenAI error object where
+    FastAPI would document its 422 validation error (this app never sends 422)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        with warnings.catch_warnings():
+            # one function serving two methods (api_route) shares its operation id: not a fault
+            warnings.filterwarnings("ignore", message="Duplicate Operation ID")
+            schema = build()
+        schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+        schemas["ErrorResponse"] = _ERROR_SCHEMA
+        for schemas_name in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(schemas_name, None)
+        ref = {"$ref": "#/components/schemas/ErrorResponse"}
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                responses = operation.get("responses") if isinstance(operation, dict) else None
+                if responses is None or "422" not in responses:
+                    continue
+                del responses["422"]
+                responses.setdefault(
+                    "400",
+                    {
+                        "description": "Invalid request (the OpenAI error object names the field)",
+                        "content": {"application/json": {"schema": ref}},
+                    },
+                )
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _on_internal_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(APIError, _on_api_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    openapi_with_400(app)
 
 
 class BodyLimitMiddleware:
-    """413 for request bodies over `max_bytes`: by Content-Length up front, else while reading.
+    """413 for request bodies over `max_bytes`: by Content-Length up front, else while reading;
+    400 for JSON bodies app.json_guard refuses (too deep, non-finite numbers, invalid text).
 
     The body is read whole here (it is bounded) and replayed to the app; later receive() calls go
     to the server, so disconnects are still seen."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    # larger bodies are checked off the event loop (parsing 16 MB takes tens of milliseconds)
+    THREAD_ABOVE = 256 * 1024
+
+    def __init__(self, app: ASGIApp, max_bytes: int, check_json: bool = True) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.check_json = check_json
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
@@ -197,6 +303,18 @@ class BodyLimitMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
+        if self.check_json and chunks:
+            from app.json_guard import check_body
+
+            body = b"".join(chunks)
+            chunks = [body]
+            if len(body) > self.THREAD_ABOVE:
+                problem = await anyio.to_thread.run_sync(check_body, body)
+            else:
+                problem = check_body(body)
+            if problem is not None:
+                await JSONResponse(problem.body(), status_code=problem.status_code)(scope, receive, send)
+                return
         replayed = False
 
         async def replay() -> Message:

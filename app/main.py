@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.chat import constraints
 from app.chat.serving import Serving
-from app.errors import BodyLimitMiddleware, install_error_handlers
+from app.errors import BodyLimitMiddleware, InternalErrorMiddleware, install_error_handlers
 from app.metrics import Metrics
 from app.settings import Settings
 
@@ -156,4 +156,5 @@ def create_app(settings: Settings | None = None, engine: Any = None) -> FastAPI:
         )
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestCounter, metrics=app.state.metrics)
+    app.add_middleware(InternalErrorMiddleware)  # outermost: sees every unexpected exception
     return app

@@ -1,4 +1,5 @@
-"""Prometheus metrics of one app: request counts, tokens, latency histograms, engine gauges.
+"""Prometheus metrics of one app: request counts, tokens, latency histograms, engine gauges and
+the engine's prefix-cache counter.
 
 Each app owns its CollectorRegistry, so several apps in one process (tests) do not collide."""
 
@@ -7,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -35,11 +36,14 @@ class _EngineCollector:
         used = total - free if total is not None and free is not None else None
         yield gauge("chatloom_kv_blocks_used", "KV cache blocks in use.", used)
         yield gauge("chatloom_kv_blocks_total", "KV cache blocks in the pool.", total)
-        yield gauge(
-            "chatloom_prefix_cache_hit_tokens",
-            "Prompt tokens served from the prefix cache since start.",
-            stats.get("prefix_cache_hit_tokens"),
+        # a running total since the engine started: a counter (exposed as ..._total), so rate()
+        # and increase() work on it
+        hits = CounterMetricFamily(
+            "chatloom_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache since start."
         )
+        if stats.get("prefix_cache_hit_tokens") is not None:
+            hits.add_metric([], float(stats["prefix_cache_hit_tokens"]))
+        yield hits
 
 
 class Metrics:

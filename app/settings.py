@@ -56,11 +56,16 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)  # larger request bodies are a 413
     max_n: int = Field(default=16, ge=1)  # the largest `n` a request may ask for
     grammar_timeout_s: float = Field(default=30.0, gt=0)  # longest wait for a new tool/JSON grammar
+    # the reply's token cap when a request names none (n8n's nodes send none by default); never
+    # above what the context has left. 0: no cap but the context
+    default_max_tokens: int = Field(default=1024, ge=0)
     log_level: str = "info"
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     # conversations (issue 5)
     database_url: str = "sqlite:///./data/chatloom.db"
+    # longest wait on the store: connecting, one statement, a pooled connection, SQLite's lock
+    database_timeout_s: float = Field(default=10.0, gt=0)
     n8n_history_table: str = "n8n_chat_histories"
     assistants_file: Path | None = None
 

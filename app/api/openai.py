@@ -59,6 +59,9 @@ _CMPL_DOC = {200: {"model": Completion, "description": "JSON, or SSE chunks (Com
 @router.post("/chat/completions", include_in_schema=False)
 async def chat_completions(body: ChatCompletionRequest, request: Request, serving: ServingDep):
     session_id = request.headers.get("x-session-id") or body.session_id
+    if session_id is not None and not 1 <= len(session_id) <= 255:
+        # the header is not in the body model; the column is VARCHAR(255)
+        raise APIError("X-Session-Id must be 1 to 255 characters long.", param="session_id")
     prep = await serving.prepare_chat(body, session_id, getattr(request.app.state, "db", None))
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -83,20 +86,27 @@ async def completions(body: CompletionRequest, request: Request, serving: Servin
     else:
         prompt_text = None
     if prompt_text is not None:
-        prompt_ids = serving.renderer.encode(prompt_text)
+        # off the event loop: a long prompt takes seconds to tokenize, other requests stream meanwhile
+        prompt_ids = await asyncio.to_thread(serving.renderer.encode, prompt_text)
     else:
         prompt_ids = list(body.prompt)  # type: ignore[arg-type]
         if any(not 0 <= t < serving.vocab_size for t in prompt_ids):
             raise APIError("prompt token ids must be inside the vocabulary.", param="prompt")
     if not prompt_ids:
         raise APIError("prompt must not be empty.", param="prompt")
-    max_tokens = check_context(len(prompt_ids), body.max_tokens, serving.max_model_len, "prompt")
+    max_tokens = check_context(
+        len(prompt_ids),
+        body.max_tokens,
+        serving.max_model_len,
+        "prompt",
+        default=serving.settings.default_max_tokens,
+    )
     params = make_params(
         **sampling_fields(body, serving.vocab_size), max_tokens=max_tokens, logprobs=body.logprobs
     )
     rid = new_id("cmpl")
     created = int(time.time())
-    echo = serving.tokenizer.decode(prompt_ids) if body.echo else ""
+    echo = await asyncio.to_thread(serving.tokenizer.decode, prompt_ids) if body.echo else ""
     run = EngineRun(serving.engine, prompt_ids, params, rid, serving.metrics)
     base = {"id": rid, "object": "text_completion", "created": created, "model": model}
     want_lp = body.logprobs is not None

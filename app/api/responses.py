@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from app.api.openai import sse_response
 from app.chat import responses as convert
 from app.chat.generation import new_id, sampling_fields
-from app.chat.serving import Prepared, Serving, check_tools
+from app.chat.serving import Prepared, Serving, check_tools, cut_short
 from app.deps import ApiKey, ServingDep
 from app.errors import APIError
 from app.schemas.responses import Response, ResponsesRequest
@@ -79,17 +79,23 @@ async def create_response(body: ResponsesRequest, request: Request, serving: Ser
             for ev in builder.start():
                 yield _event(ev)
             reason = None
+            cut = False
+            n_tokens = 0
             async for out in run:
+                n_tokens += len(out.new_token_ids)
                 events = parser.feed(out.text_delta)
                 if out.finish_reason is not None:
                     reason = out.finish_reason
+                    cut = cut_short(prep.params, reason, out.stop_reason, n_tokens)
                     events += parser.finish()
                 for ev in builder.feed(events):
                     yield _event(ev)
-            status = "incomplete" if reason == "length" else "completed"
+            status = "incomplete" if reason == "length" or cut else "completed"
             usage = builder.usage(run.prompt_tokens, run.completion_tokens, run.cached_tokens)
             for ev in builder.finish(status, usage):
                 yield _event(ev)
+        except APIError as exc:  # logged where it was found (e.g. the store went down)
+            yield _event(builder.event("error", message=exc.message, code=exc.code, param=exc.param))
         except Exception as exc:
             log.exception("error while streaming %s", prep.request_id)
             message = f"Internal error while generating: {type(exc).__name__}"

@@ -24,8 +24,11 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def check_context(prompt_len: int, max_tokens: int | None, max_model_len: int, param: str) -> int:
-    """The max_tokens to use (filling the context when not given); 400 when the request cannot fit."""
+def check_context(
+    prompt_len: int, max_tokens: int | None, max_model_len: int, param: str, default: int | None = None
+) -> int:
+    """The max_tokens to use; 400 when the request cannot fit. Not given: `default` (the server's
+    cap, settings.default_max_tokens), never above what the context has left; no default: all of it."""
     if prompt_len >= max_model_len:
         raise APIError(
             f"This model's maximum context length is {max_model_len} tokens, but the prompt has "
@@ -34,7 +37,8 @@ def check_context(prompt_len: int, max_tokens: int | None, max_model_len: int, p
             code="context_length_exceeded",
         )
     if max_tokens is None:
-        return max_model_len - prompt_len
+        left = max_model_len - prompt_len
+        return min(left, default) if default else left
     if prompt_len + max_tokens > max_model_len:
         raise APIError(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "
@@ -80,8 +84,10 @@ def sampling_fields(req: Any, vocab_size: int) -> dict[str, Any]:
         presence_penalty=get("presence_penalty") or 0.0,
         logit_bias=logit_bias_ids(get("logit_bias"), vocab_size),
     )
-    if get("top_k") is not None and get("top_k") != 0:
-        fields["top_k"] = get("top_k")
+    top_k = get("top_k")
+    # 0 is "off" on the wire (-1 in the engine); k at least the vocabulary filters nothing
+    if top_k is not None and top_k != 0 and top_k < vocab_size:
+        fields["top_k"] = top_k
     for name in ("min_p", "repetition_penalty"):
         if get(name) is not None:
             fields[name] = get(name)

@@ -221,10 +221,12 @@ class ResponseBuilder:
         return out
 
     def finish(self, status: str, usage: dict[str, Any]) -> list[dict[str, Any]]:
-        out = self._close()
+        # a reply cut by max_output_tokens: the item it was writing is incomplete too
+        item_status = "incomplete" if status == "incomplete" else "completed"
+        out = self._close(item_status)
         if not self.output:  # nothing generated: still answer with one (empty) message
             out += self._open_message()
-            out += self._close()
+            out += self._close(item_status)
         kind = "response.completed" if status == "completed" else "response.incomplete"
         out.append(self.event(kind, response=self.response(status, usage)))
         return out
@@ -255,12 +257,12 @@ class ResponseBuilder:
             ),
         ]
 
-    def _close(self) -> list[dict[str, Any]]:
+    def _close(self, status: str = "completed") -> list[dict[str, Any]]:
         item = self._open
         if item is None:
             return []
         self._open = None
-        item["status"] = "completed"
+        item["status"] = status
         index = self.output.index(item)
         if item["type"] == "message":
             part = item["content"][0]

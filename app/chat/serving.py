@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+
 from app.chat.constraints import build_constraint
 from app.chat.generation import (
     EngineRun,
@@ -62,6 +64,23 @@ class Prepared:
     created: int = field(default_factory=lambda: int(time.time()))
     session_id: str | None = None  # server-side memory: the reply is stored under it
     db: Any = None  # app.memory's Database when session memory is on
+    # ids of the request's messages stored for this turn: removed again when the turn fails
+    stored_ids: list[int] = field(default_factory=list)
+    remembered: bool = False
+
+    async def forget_turn(self) -> None:
+        """The turn failed or was abandoned: its new messages leave the session (shielded: this
+        runs while the request's task is being cancelled)."""
+        if self.remembered or not self.stored_ids or self.db is None or self.session_id is None:
+            return
+        from app.memory.conversation import forget
+
+        ids, self.stored_ids = self.stored_ids, []
+        with anyio.CancelScope(shield=True):
+            try:
+                await forget(self.db, self.session_id, ids)
+            except APIError as exc:  # the store is down: its own log line says so
+                log.warning("could not remove the failed turn's messages of %s: %s", self.session_id, exc)
 
 
 @dataclass
@@ -89,10 +108,21 @@ class Choice:
                 self.calls[ev.index]["function"]["arguments"] += ev.fragment
 
 
-def finish_reason(engine_reason: str | None, made_calls: bool) -> str:
-    if engine_reason == "length":
+def finish_reason(engine_reason: str | None, made_calls: bool, cut: bool = False) -> str:
+    """The wire's finish_reason; cut: the grammar's token budget ended the reply (see cut_short)."""
+    if engine_reason == "length" or cut:
         return "length"
     return "tool_calls" if made_calls else "stop"
+
+
+def cut_short(params: Any, engine_reason: str | None, stop_reason: Any, n_tokens: int) -> bool:
+    """Whether a reply that ended with EOS was cut by max_tokens. Under a grammar the token budget
+    (grammar.budget) closes an open call or JSON value so that it ends exactly at max_tokens,
+    and the engine then reports "stop": a reply that used the whole budget was cut short."""
+    if engine_reason != "stop" or stop_reason is not None:
+        return False
+    limit = getattr(params, "max_tokens", None)
+    return getattr(params, "constraint", None) is not None and limit is not None and n_tokens >= limit
 
 
 def chat_messages(req: ChatCompletionRequest) -> list[ChatMessage]:
@@ -106,6 +136,18 @@ def chat_messages(req: ChatCompletionRequest) -> list[ChatMessage]:
             out.append(ChatMessage("tool", content_text(m.content), tool_call_id=m.tool_call_id))
         else:
             out.append(ChatMessage(role, content_text(m.content), name=m.name))
+    return out
+
+
+def session_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """The request's messages as the conversation store takes them: content as plain text (list
+    content parts joined), None fields left out."""
+    out = []
+    for m in req.messages:
+        data = m.model_dump(exclude_none=True)
+        if "content" in data:
+            data["content"] = content_text(m.content)
+        out.append(data)
     return out
 
 
@@ -188,7 +230,13 @@ class Serving:
             # a long history takes tens of ms to render and tokenize: off the event loop, which
             # is streaming other requests meanwhile
             prompt_ids = await asyncio.to_thread(self._render_ids, messages, use_tools)
-        max_tokens = check_context(len(prompt_ids), max_tokens, self.max_model_len, "messages")
+        max_tokens = check_context(
+            len(prompt_ids),
+            max_tokens,
+            self.max_model_len,
+            "messages",
+            default=self.settings.default_max_tokens,
+        )
         constraint = await build_constraint(
             self.tokenizer,
             # with tool_choice "none" the grammar still keeps call markup out of the text
@@ -198,6 +246,7 @@ class Serving:
             response_format=response_format,
             max_tokens=max_tokens,
             vocab_size=self.model_vocab_size,
+            dialect=self.renderer.dialect,
             timeout_s=self.settings.grammar_timeout_s,
         )
         params = make_params(
@@ -227,28 +276,35 @@ class Serving:
         check_tools(tools, tool_choice)  # before anything is stored in a session
         response_format = req.response_format.model_dump(by_alias=True) if req.response_format else None
         history = None
+        fields = sampling_fields(req, self.vocab_size)  # its 400s come before anything is stored
+        stored_ids: list[int] = []
         if session_id is not None and db is not None:
             from app.memory.conversation import load_and_append
 
-            history = await load_and_append(
-                db, session_id, [m.model_dump(exclude_none=True) for m in req.messages]
-            )
+            history = await load_and_append(db, session_id, session_messages(req), added=stored_ids)
         else:
             session_id = None
-        prep = await self.prepare(
-            messages=chat_messages(req),
-            tools=tools,
-            tool_choice=tool_choice,
-            parallel_tool_calls=req.parallel_tool_calls is not False,
-            response_format=response_format,
-            max_tokens=req.max_completion_tokens or req.max_tokens,
-            fields=sampling_fields(req, self.vocab_size),
-            top_logprobs=(req.top_logprobs or 0) if req.logprobs else None,
-            model=model,
-            request_id=new_id("chatcmpl"),
-            history=history,
-        )
-        prep.session_id, prep.db = session_id, db
+        try:
+            prep = await self.prepare(
+                messages=chat_messages(req),
+                tools=tools,
+                tool_choice=tool_choice,
+                parallel_tool_calls=req.parallel_tool_calls is not False,
+                response_format=response_format,
+                max_tokens=req.max_completion_tokens or req.max_tokens,
+                fields=fields,
+                top_logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+                model=model,
+                request_id=new_id("chatcmpl"),
+                history=history,
+            )
+        except BaseException:
+            if stored_ids:  # e.g. the conversation no longer fits the context: nothing was answered
+                failed = Prepared("", [], None, False, None, model, session_id=session_id, db=db)
+                failed.stored_ids = stored_ids
+                await failed.forget_turn()
+            raise
+        prep.session_id, prep.db, prep.stored_ids = session_id, db, stored_ids
         return prep
 
     def run(self, prep: Prepared) -> EngineRun:
@@ -275,6 +331,7 @@ class Serving:
         await record_reply(
             prep.db, prep.session_id, "".join(choice.content), tool_calls=choice.calls or None, token_ids=ids
         )
+        prep.remembered = True
 
     def parsers(self, prep: Prepared) -> list[ToolCallParser]:
         return [ToolCallParser(prep.parse_tools, self.renderer.tool_format) for _ in range(prep.params.n)]
@@ -286,8 +343,10 @@ class Serving:
         parsers = self.parsers(prep)
         choices = [Choice() for _ in parsers]
         watcher = asyncio.create_task(watch_disconnect(request, run)) if request is not None else None
+        counts = [0] * len(parsers)
         try:
             async for out in rejected_as_400(run):
+                counts[out.index] += len(out.new_token_ids)
                 choice = choices[out.index]
                 choice.token_ids += out.new_token_ids
                 choice.add(parsers[out.index].feed(out.text_delta))
@@ -297,14 +356,16 @@ class Serving:
                     choice.engine_reason = out.finish_reason
                     choice.stop_reason = out.stop_reason
                     choice.add(parsers[out.index].finish())
+            if choices[0].engine_reason not in (None, "abort"):
+                await self.remember(prep, choices[0])
         finally:
             if watcher is not None:
                 watcher.cancel()
             await run.close()
-        if choices[0].engine_reason != "abort":
-            await self.remember(prep, choices[0])
-        for choice, parser in zip(choices, parsers, strict=True):
-            choice.engine_reason = finish_reason(choice.engine_reason, parser.made_calls)
+            await prep.forget_turn()  # no reply stored: engine error, client gone, store down
+        for i, (choice, parser) in enumerate(zip(choices, parsers, strict=True)):
+            cut = cut_short(prep.params, choice.engine_reason, choice.stop_reason, counts[i])
+            choice.engine_reason = finish_reason(choice.engine_reason, parser.made_calls, cut)
         return choices, run
 
     async def chat_completion(self, prep: Prepared, request: Any) -> dict[str, Any]:
@@ -355,6 +416,7 @@ class Serving:
         pending_lp: list[list[dict[str, Any]]] = [[] for _ in parsers]  # logprobs not yet sent, per index
         want_lp = prep.top_logprobs is not None
         first = Choice()  # sample 0, accumulated for the session store
+        counts = [0] * len(parsers)  # tokens per sample
 
         def chunk(index: int, delta: dict[str, Any], reason: str | None = None) -> bytes:
             logprobs = None
@@ -374,6 +436,7 @@ class Serving:
                 yield chunk(i, {"role": "assistant", "content": None})
             async for out in run:
                 i = out.index
+                counts[i] += len(out.new_token_ids)
                 if want_lp and out.logprobs:
                     pending_lp[i] += self.token_text.chat_logprobs(out.logprobs, prep.top_logprobs or 0)
                 events = parsers[i].feed(out.text_delta)
@@ -387,19 +450,25 @@ class Serving:
                 for delta in deltas(events):
                     yield chunk(i, delta)
                 if out.finish_reason is not None:
-                    yield chunk(i, {}, finish_reason(out.finish_reason, parsers[i].made_calls))
+                    cut = cut_short(prep.params, out.finish_reason, out.stop_reason, counts[i])
+                    yield chunk(i, {}, finish_reason(out.finish_reason, parsers[i].made_calls, cut))
             if first.engine_reason not in (None, "abort"):
                 await self.remember(prep, first)
             if include_usage:
                 yield sse({**base, "choices": [], "usage": self.usage(run)})
             yield SSE_DONE
+        except APIError as exc:
+            # the status line is already sent: report in-band, as OpenAI does (e.g. the store
+            # went down before the reply was stored; that is logged where it was found)
+            yield sse(exc.body())
+            yield SSE_DONE
         except Exception as exc:
-            # the status line is already sent: report in-band, as OpenAI does
             log.exception("error while streaming %s", prep.request_id)
             yield sse(error_body(f"Internal error while generating: {type(exc).__name__}", "server_error"))
             yield SSE_DONE
         finally:
             await run.close()
+            await prep.forget_turn()
 
 
 async def rejected_as_400(run: EngineRun) -> AsyncIterator[Any]:

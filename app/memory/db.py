@@ -1,18 +1,35 @@
 """One Database object per app: the async SQLAlchemy engine, its session factory, the n8n
-history table, and Alembic migrations run over the same async connection."""
+history table, and Alembic migrations run over the same async connection.
+
+Faults: every wait on the store is bounded (`timeout_s`: asyncpg's connect and per-statement
+timeouts, the pool's checkout timeout, SQLite's busy timeout), and a session() that fails because
+the store is down, frozen or locked raises app.errors.StoreUnavailable (a 503 with the OpenAI
+error object), logged as one line.
+
+NUL characters: PostgreSQL refuses them in TEXT and JSONB, SQLite stores them. Requests carrying
+them are refused at the door (app.json_guard); whatever still reaches the store (a model's reply,
+a form field) has NUL removed on both backends alike, in the bound parameters and in JSON values."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import event
+from sqlalchemy import event, exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
+from app.errors import StoreUnavailable
 from app.memory.n8n_table import history_table
+
+log = logging.getLogger("chatloom.memory")
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
@@ -49,27 +66,122 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
+def strip_nul(value: Any) -> Any:
+    """value with every NUL character removed from its strings (keys included)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {strip_nul(k): strip_nul(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(strip_nul(v) for v in value)
+    return value
+
+
+def _json_without_nul(value: Any) -> str:
+    return json.dumps(strip_nul(value))
+
+
+def _params_without_nul(conn, cursor, statement, parameters, context, executemany):
+    # bound TEXT/VARCHAR values (JSON columns arrive here already serialized, without NUL)
+    if executemany:
+        return statement, [strip_nul(p) for p in parameters]
+    return statement, strip_nul(parameters)
+
+
+# SQLite's OperationalError also reports bugs (no such table); these messages are the store's state
+_SQLITE_UNAVAILABLE = ("locked", "busy", "unable to open", "disk i/o", "readonly", "disk is full")
+
+
+def unavailable_reason(error: BaseException) -> str | None:
+    """Why `error` means the store cannot serve now (down, frozen, locked), or None (a bug)."""
+    if isinstance(error, exc.DBAPIError):
+        orig = error.orig
+        if isinstance(orig, sqlite3.OperationalError):
+            text = str(orig).lower()
+            return str(orig) if any(part in text for part in _SQLITE_UNAVAILABLE) else None
+        if error.connection_invalidated or isinstance(error, exc.OperationalError | exc.InterfaceError):
+            return f"{type(orig or error).__name__}: {orig or error}"
+        return None
+    if isinstance(error, exc.TimeoutError):  # no pooled connection came free in time
+        return "no connection free in time"
+    if isinstance(error, TimeoutError):  # asyncpg's connect or statement timeout
+        return "it did not answer in time"
+    if isinstance(error, OSError):  # connection refused, reset, unreachable
+        return f"{type(error).__name__}: {error.strerror or error}"
+    module = type(error).__module__
+    if module.startswith("asyncpg") and type(error).__name__ in (
+        "CannotConnectNowError",
+        "ConnectionDoesNotExistError",
+        "ConnectionFailureError",
+        "TooManyConnectionsError",
+        "AdminShutdownError",
+        "CrashShutdownError",
+        "InterfaceError",
+    ):
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
 class Database:
-    def __init__(self, url: str, n8n_history_table: str = "n8n_chat_histories", echo: bool = False):
+    def __init__(
+        self,
+        url: str,
+        n8n_history_table: str = "n8n_chat_histories",
+        echo: bool = False,
+        timeout_s: float = 10.0,
+    ):
         self.url = async_url(url)
         self.n8n_table_name = n8n_history_table
         self.history = history_table(n8n_history_table)
         self.is_sqlite = make_url(self.url).get_backend_name() == "sqlite"
+        self.timeout_s = timeout_s
         ensure_sqlite_dir(self.url)
-        # SQLite: wait for the one writer instead of failing at once with "database is locked"
-        connect_args = {"timeout": 30} if self.is_sqlite else {}
+        if self.is_sqlite:
+            # SQLite waits this long for the one writer before "database is locked"
+            connect_args: dict[str, Any] = {"timeout": timeout_s}
+            pool_args: dict[str, Any] = {}
+        else:
+            # asyncpg: `timeout` bounds connecting, `command_timeout` every statement
+            connect_args = {"timeout": timeout_s, "command_timeout": timeout_s}
+            pool_args = {"pool_timeout": timeout_s}
         self.engine: AsyncEngine = create_async_engine(
-            self.url, echo=echo, pool_pre_ping=not self.is_sqlite, connect_args=connect_args
+            self.url,
+            echo=echo,
+            pool_pre_ping=not self.is_sqlite,
+            connect_args=connect_args,
+            json_serializer=_json_without_nul,
+            **pool_args,
         )
+        event.listen(self.engine.sync_engine, "before_cursor_execute", _params_without_nul, retval=True)
         if self.is_sqlite:
             event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
         self.sessionmaker = async_sessionmaker(self.engine, expire_on_commit=False)
 
     @asynccontextmanager
     async def session(self) -> AsyncIterator[AsyncSession]:
-        """A unit of work: commits on success, rolls back on error."""
-        async with self.sessionmaker() as db, db.begin():
-            yield db
+        """A unit of work: commits on success, rolls back on error. A store that is down, frozen or
+        locked raises StoreUnavailable (a 503), logged here as one line."""
+        try:
+            async with self.sessionmaker() as db, db.begin():
+                yield db
+        except StoreUnavailable:
+            raise
+        except Exception as error:
+            reason = unavailable_reason(error)
+            if reason is None:
+                raise
+            log.error("conversation store unavailable: %s", reason)
+            raise StoreUnavailable(reason) from error
+
+    async def ping(self, timeout_s: float | None = None) -> str | None:
+        """None when the store answers `SELECT 1` in time, else why not (for /health)."""
+        try:
+            async with asyncio.timeout(timeout_s or self.timeout_s):
+                async with self.engine.connect() as conn:
+                    await conn.execute(sa.text("SELECT 1"))
+        except Exception as error:
+            return unavailable_reason(error) or f"{type(error).__name__}: {error}"
+        return None
 
     async def migrate(self, revision: str = "head") -> None:
         """Alembic upgrade over this engine's own async connection (no second driver needed)."""

@@ -54,7 +54,11 @@ async def seed_assistants(db: Database, assistants_file: Path | None) -> None:
 
 
 async def startup(app, settings) -> None:
-    db = Database(settings.database_url, settings.n8n_history_table)
+    db = Database(
+        settings.database_url,
+        settings.n8n_history_table,
+        timeout_s=getattr(settings, "database_timeout_s", 10.0),
+    )
     await db.migrate()
     await seed_assistants(db, getattr(settings, "assistants_file", None))
     app.state.db = db

@@ -11,11 +11,18 @@ from app.schemas.common import (
     CompletionUsage,
     FunctionDefinition,
     FunctionName,
+    Id255,
     LogitBias,
+    MaxTokens,
+    Metadata,
     MinP,
+    ModelName,
+    N,
+    Name255,
     Penalty,
     RepetitionPenalty,
     Request,
+    Seed,
     Stop,
     StreamOptions,
     Strict,
@@ -23,6 +30,7 @@ from app.schemas.common import (
     TokenLogprob,
     TopK,
     TopP,
+    User,
     Wire,
     arguments_as_json_string,
 )
@@ -45,7 +53,7 @@ class SystemMessage(Strict):
 
     role: Literal["system"]
     content: Content
-    name: str | None = None
+    name: Name255 | None = None
 
 
 class DeveloperMessage(Strict):
@@ -53,7 +61,7 @@ class DeveloperMessage(Strict):
 
     role: Literal["developer"]
     content: Content
-    name: str | None = None
+    name: Name255 | None = None
 
 
 class UserMessage(Strict):
@@ -61,13 +69,13 @@ class UserMessage(Strict):
 
     role: Literal["user"]
     content: Content
-    name: str | None = None
+    name: Name255 | None = None
 
 
 class ToolCallFunction(Strict):
     """openai.types.chat.chat_completion_message_function_tool_call_param.Function"""
 
-    name: str
+    name: Name255
     arguments: str = "{}"
 
     _arguments = field_validator("arguments", mode="before")(arguments_as_json_string)
@@ -76,7 +84,7 @@ class ToolCallFunction(Strict):
 class ToolCallParam(Strict):
     """openai.types.chat.ChatCompletionMessageFunctionToolCallParam"""
 
-    id: str
+    id: Id255
     type: Literal["function"] = "function"
     function: ToolCallFunction
 
@@ -87,7 +95,7 @@ class AssistantMessage(Strict):
     role: Literal["assistant"]
     content: Content | None = None
     tool_calls: list[ToolCallParam] | None = None
-    name: str | None = None
+    name: Name255 | None = None
     refusal: str | None = None
 
 
@@ -96,7 +104,7 @@ class ToolMessage(Strict):
 
     role: Literal["tool"]
     content: Content
-    tool_call_id: str
+    tool_call_id: Id255
 
 
 Message = Annotated[
@@ -113,7 +121,7 @@ class ChatTool(Strict):
 
 
 class NamedFunction(Strict):
-    name: str
+    name: Name255
 
 
 class NamedToolChoice(Strict):
@@ -162,15 +170,15 @@ ResponseFormat = Annotated[
 class ChatCompletionRequest(Request):
     """openai.types.chat.CompletionCreateParams (plus top_k / min_p / repetition_penalty)"""
 
-    model: str | None = None
+    model: ModelName | None = None
     messages: list[Message] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    n: int = Field(default=1, ge=1)
+    n: N = 1
     stop: Stop | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: bool | None = None
@@ -182,9 +190,9 @@ class ChatCompletionRequest(Request):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
-    user: str | None = None
+    user: User | None = None
     store: bool | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     # not in the OpenAI API: server-side memory (also the X-Session-Id header), vLLM-style sampling
     session_id: str | None = Field(default=None, min_length=1, max_length=255)
     top_k: TopK | None = None

@@ -11,15 +11,37 @@ FunctionName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9_.\-]{1,64}
 
 
 class Request(BaseModel):
-    """Base of request bodies: unknown fields are ignored (clients send many we do not use)."""
+    """Base of request bodies: unknown fields are ignored (clients send many we do not use).
 
-    model_config = ConfigDict(extra="ignore")
+    Strict types, as the OpenAI API checks them: `"stream": "true"`, `"n": "2"` or
+    `"temperature": "0.5"` are a 400 naming the field, not coerced (a JSON integer is still a
+    valid float)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class Strict(BaseModel):
-    """Base of nested request objects whose shape we check (extra keys still ignored)."""
+    """Base of nested request objects whose shape we check (extra keys ignored, strict types)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+# bounds of the wire's integers: what SQL's BIGINT and the engine's int64 tensors can hold, and a
+# 32-bit ceiling for counts (tokens, k) that no model comes near
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MAX = 2**31 - 1
+# ids and names stored in VARCHAR(255) columns (session ids, tool-call ids, tool names)
+Id255 = Annotated[str, StringConstraints(min_length=1, max_length=255)]
+Name255 = Annotated[str, StringConstraints(max_length=255)]
+ModelName = Annotated[str, StringConstraints(max_length=256)]
+User = Annotated[str, StringConstraints(max_length=256)]
+Metadata = Annotated[
+    dict[Annotated[str, StringConstraints(max_length=64)], Annotated[str, StringConstraints(max_length=512)]],
+    Field(max_length=16),
+]
+MaxTokens = Annotated[int, Field(ge=1, le=INT32_MAX)]
+N = Annotated[int, Field(ge=1, le=128)]  # the server's own cap (settings.max_n) is checked later
+Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 
 
 class Wire(BaseModel):
@@ -61,12 +83,17 @@ Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 StopList = Annotated[list[Annotated[str, Field(max_length=512)]], Field(max_length=16)]
 
 
-# the sampling fields chat completions and legacy completions share (`x: Type | None = None`)
+# the sampling fields chat completions and legacy completions share (`x: Type | None = None`);
+# top_p 0 is accepted and means greedy (only the most likely token survives)
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 TopP = Annotated[float, Field(ge=0.0, le=1.0)]
 Stop = Annotated[str, Field(max_length=512)] | StopList
-LogitBias = dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]]
-TopK = Annotated[int, Field(ge=-1)]
+# keys: token ids as strings (checked against the vocabulary later); at most 1024 entries
+LogitBias = Annotated[
+    dict[Annotated[str, StringConstraints(max_length=16)], Annotated[float, Field(ge=-100.0, le=100.0)]],
+    Field(max_length=1024),
+]
+TopK = Annotated[int, Field(ge=-1, le=INT32_MAX)]  # -1 and 0: off; larger than the vocabulary: off
 MinP = Annotated[float, Field(ge=0.0, le=1.0)]
 RepetitionPenalty = Annotated[float, Field(gt=0.0, le=2.0)]
 

@@ -7,17 +7,23 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from app.schemas.common import (
+    INT32_MAX,
     CompletionUsage,
     LogitBias,
+    MaxTokens,
     MinP,
+    ModelName,
+    N,
     Penalty,
     RepetitionPenalty,
     Request,
+    Seed,
     Stop,
     StreamOptions,
     Temperature,
     TopK,
     TopP,
+    User,
     Wire,
 )
 
@@ -25,14 +31,19 @@ from app.schemas.common import (
 class CompletionRequest(Request):
     """openai.types.CompletionCreateParams (one prompt: a string or a list of token ids)"""
 
-    model: str | None = None
-    prompt: str | list[int] | Annotated[list[str], Field(min_length=1, max_length=1)]
-    max_tokens: int | None = Field(default=16, ge=1)
+    model: ModelName | None = None
+    # token ids: checked against the vocabulary later; the bound keeps them inside int64
+    prompt: (
+        str
+        | list[Annotated[int, Field(ge=-INT32_MAX, le=INT32_MAX)]]
+        | Annotated[list[str], Field(min_length=1, max_length=1)]
+    )
+    max_tokens: MaxTokens | None = 16
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    n: int = Field(default=1, ge=1)
+    n: N = 1
     stop: Stop | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: int | None = Field(default=None, ge=0, le=5)
@@ -41,7 +52,7 @@ class CompletionRequest(Request):
     presence_penalty: Penalty | None = None
     logit_bias: LogitBias | None = None
     suffix: str | None = None
-    user: str | None = None
+    user: User | None = None
     top_k: TopK | None = None
     min_p: MinP | None = None
     repetition_penalty: RepetitionPenalty | None = None

@@ -9,8 +9,16 @@ from pydantic import Discriminator, Field, Tag, field_validator
 
 from app.schemas.common import (
     FunctionName,
+    Id255,
+    MaxTokens,
+    Metadata,
+    ModelName,
+    Name255,
     Request,
     Strict,
+    Temperature,
+    TopP,
+    User,
     Wire,
     arguments_as_json_string,
     empty_parameters_as_object,
@@ -40,17 +48,17 @@ class InputMessage(Strict):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
     content: str | list[InputPart]
-    id: str | None = None
+    id: Name255 | None = None
 
 
 class FunctionCallItem(Strict):
     """openai.types.responses.ResponseFunctionToolCallParam"""
 
     type: Literal["function_call"]
-    call_id: str
-    name: str
+    call_id: Id255
+    name: Name255
     arguments: str = "{}"
-    id: str | None = None
+    id: Name255 | None = None
 
     _arguments = field_validator("arguments", mode="before")(arguments_as_json_string)
 
@@ -59,9 +67,9 @@ class FunctionCallOutputItem(Strict):
     """openai.types.responses.response_input_item_param.FunctionCallOutput"""
 
     type: Literal["function_call_output"]
-    call_id: str
+    call_id: Id255
     output: str | list[InputText]
-    id: str | None = None
+    id: Name255 | None = None
 
 
 def _item_kind(value: Any) -> str:
@@ -96,7 +104,7 @@ class ToolChoiceFunction(Strict):
     """openai.types.responses.ToolChoiceFunctionParam"""
 
     type: Literal["function"]
-    name: str
+    name: Name255
 
 
 class FormatText(Strict):
@@ -133,21 +141,21 @@ class TextConfig(Strict):
 class ResponsesRequest(Request):
     """openai.types.responses.ResponseCreateParams (function tools; no stored state)"""
 
-    model: str | None = None
+    model: ModelName | None = None
     input: str | list[InputItem]
     instructions: str | None = None
     tools: list[FunctionToolParam] | None = None
     tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
     parallel_tool_calls: bool | None = None
-    max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    max_output_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     stream: bool = False
     text: TextConfig | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     store: bool | None = None
-    previous_response_id: str | None = None
-    user: str | None = None
+    previous_response_id: Name255 | None = None
+    user: User | None = None
 
 
 class ResponseUsage(Wire):
