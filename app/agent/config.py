@@ -2,14 +2,38 @@
 
 {"name", "system_prompt", "model"?, "sampling"?, "memory"?: {"max_turns" | "max_tokens"},
  "tool_choice"?, "tools"?: [{"type": "function", "function": {...},
-                             "webhook": {"url", "method", "headers", "timeout_s"}}]}
+                             "webhook": {"url", "method", "headers", "timeout_s"}}],
+ "webhook_auth"?: {"type": "none"} | {"type": "basic", "user", "password"}
+                  | {"type": "header", "name", "value"},   (None: the server's CHATLOOM_WEBHOOK_AUTH)
+ "anonymous_tools"?: false}
+
+Secrets are write-only: webhook_auth's password / value are stored as salted hashes (only ever
+compared), and the API shows tools' webhook header values masked (see public_tools).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, SecretStr, field_validator, model_validator
+
+MASK = "********"  # what the API shows in place of a secret
+
+
+def hash_secret(secret: str) -> str:
+    """ "sha256$<salt>$<digest>": a credential the webhook only compares (use long random tokens)."""
+    salt = secrets.token_hex(8)
+    return f"sha256${salt}${hashlib.sha256((salt + secret).encode()).hexdigest()}"
+
+
+def verify_secret(given: str, stored: str | None) -> bool:
+    if not stored or stored.count("$") != 2:
+        return False
+    _, salt, digest = stored.split("$")
+    return hmac.compare_digest(hashlib.sha256((salt + given).encode()).hexdigest(), digest)
 
 
 class _Strict(BaseModel):
@@ -63,6 +87,66 @@ class Sampling(BaseModel):
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
 
 
+class WebhookAuth(_Strict):
+    """n8n Chat Trigger's authentication options for this assistant's /webhook/{id}/chat."""
+
+    type: Literal["none", "basic", "header"]
+    user: str | None = Field(default=None, min_length=1, max_length=255, pattern=r"^[^:]*$")
+    password: SecretStr | None = Field(default=None, min_length=1, max_length=1024)
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")  # a header
+    value: SecretStr | None = Field(default=None, min_length=1, max_length=1024)
+
+    @model_validator(mode="after")
+    def _complete(self) -> WebhookAuth:
+        given = {k for k in ("user", "password", "name", "value") if getattr(self, k) is not None}
+        needed = {"none": set(), "basic": {"user", "password"}, "header": {"name", "value"}}[self.type]
+        if given != needed:
+            wanted = " and ".join(sorted(needed)) or "nothing else"
+            raise ValueError(f'webhook_auth of type "{self.type}" takes {wanted}')
+        return self
+
+    def stored(self) -> dict[str, Any]:
+        if self.type == "basic":
+            return {
+                "type": "basic",
+                "user": self.user,
+                "password_hash": hash_secret(self.password.get_secret_value()),
+            }
+        if self.type == "header":
+            return {
+                "type": "header",
+                "name": self.name,
+                "value_hash": hash_secret(self.value.get_secret_value()),
+            }
+        return {"type": "none"}
+
+
+def public_webhook_auth(stored: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The stored webhook_auth as the API shows it: no hash."""
+    if not stored:
+        return None
+    return {k: v for k, v in stored.items() if not k.endswith("_hash")}
+
+
+def public_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tools as the API shows them: webhook header values masked, a URL's password too."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    out = []
+    for tool in tools or []:
+        hook = dict(tool.get("webhook") or {})
+        if hook.get("headers"):
+            hook["headers"] = {name: MASK for name in hook["headers"]}
+        if hook.get("url"):
+            parts = urlsplit(hook["url"])
+            if parts.password is not None:
+                netloc = f"{parts.username or ''}:{MASK}@{parts.hostname or ''}"
+                netloc += f":{parts.port}" if parts.port else ""
+                hook["url"] = urlunsplit(parts._replace(netloc=netloc))
+        out.append({**tool, "webhook": hook} if "webhook" in tool else dict(tool))
+    return out
+
+
 class AssistantIn(_Strict):
     id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
     name: str = Field(min_length=1, max_length=255)
@@ -72,6 +156,8 @@ class AssistantIn(_Strict):
     memory: Memory = Field(default_factory=Memory)
     tool_choice: Literal["auto", "none", "required"] | dict[str, Any] | None = None
     tools: list[Tool] = Field(default_factory=list)
+    webhook_auth: WebhookAuth | None = None
+    anonymous_tools: bool = False  # may anonymous webhook callers (no key, no credential) run tools
 
     @field_validator("tools")
     @classmethod
@@ -96,7 +182,8 @@ class AssistantIn(_Strict):
 
     def to_row(self) -> dict[str, Any]:
         """The JSON-ready fields of the assistants table."""
-        data = self.model_dump(mode="json", exclude_none=True, exclude={"id"})
+        data = self.model_dump(mode="json", exclude_none=True, exclude={"id", "webhook_auth"})
         data.setdefault("model", None)
         data.setdefault("tool_choice", None)
+        data["webhook_auth"] = self.webhook_auth.stored() if self.webhook_auth else None
         return data

@@ -19,13 +19,16 @@ from typing import Any
 import httpx
 
 from app.agent import replay
+from app.agent.targets import TargetPolicy
 from app.agent.webhooks import ToolResult, call_webhook
 from app.chat.constraints import build_constraint
 from app.chat.tool_parser import CallArgs, CallStart, Content, ParsedCall, ToolCallParser
 from app.errors import APIError
 from app.memory import repository as repo
 from app.memory.db import Database
+from app.principal import OPEN, Principal
 from engine.sampling_params import SamplingParams
+from grammar.dialects import dialect_for
 
 log = logging.getLogger("chatloom.agent")
 
@@ -53,6 +56,8 @@ class AssistantSpec:
     memory: dict[str, Any] = field(default_factory=dict)
     tool_choice: Any = None
     tools: list[dict[str, Any]] = field(default_factory=list)
+    webhook_auth: dict[str, Any] | None = None  # None: the server's CHATLOOM_WEBHOOK_AUTH
+    anonymous_tools: bool = False
 
     @classmethod
     def from_row(cls, row) -> AssistantSpec:
@@ -65,6 +70,8 @@ class AssistantSpec:
             dict(row.memory or {}),
             row.tool_choice,
             list(row.tools or []),
+            dict(row.webhook_auth) if row.webhook_auth else None,
+            bool(row.anonymous_tools),
         )
 
     def model_tools(self) -> list[dict]:
@@ -83,6 +90,7 @@ class TurnDeps:
     engine: Any  # engine.AsyncEngine (or anything with .tokenizer, .generate, .abort)
     db: Database
     http: httpx.AsyncClient
+    targets: TargetPolicy = field(default_factory=TargetPolicy)  # where webhook tools may connect
 
 
 _session_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
@@ -148,7 +156,7 @@ async def _generate(
     """Run one model call; yields the visible text pieces and fills `result`."""
     request_id = f"turn-{uuid.uuid4().hex}"
     # the API's streaming parser: Content events are what the user sees, call markup never is
-    parser = ToolCallParser(enabled=parse_calls)
+    parser = ToolCallParser(enabled=parse_calls, fmt=dialect_for(engine.tokenizer))
     ids: list[int] = []
     stop_reason = None
     finished = False
@@ -182,7 +190,7 @@ async def _run_tool(deps: TurnDeps, spec: AssistantSpec, call: ParsedCall) -> To
         args = json.loads(call.arguments)
     except ValueError as exc:
         return ToolResult(json.dumps({"error": f"arguments are not JSON: {exc}"}), ok=False)
-    return await call_webhook(deps.http, webhook, args)
+    return await call_webhook(deps.http, webhook, args, deps.targets)
 
 
 async def run_turn(
@@ -192,19 +200,26 @@ async def run_turn(
     user_text: str,
     *,
     max_tool_rounds: int = MAX_TOOL_ROUNDS,
+    principal: Principal = OPEN,
 ) -> AsyncIterator[str]:
+    """principal: the caller; a session id another caller holds is a 404 (nothing read or written)."""
     async with session_lock(session_id):
-        async for piece in _run_turn_locked(deps, spec, session_id, user_text, max_tool_rounds):
+        async for piece in _run_turn_locked(deps, spec, session_id, user_text, max_tool_rounds, principal):
             yield piece
 
 
 async def _run_turn_locked(
-    deps: TurnDeps, spec: AssistantSpec, session_id: str, user_text: str, max_tool_rounds: int
+    deps: TurnDeps,
+    spec: AssistantSpec,
+    session_id: str,
+    user_text: str,
+    max_tool_rounds: int,
+    principal: Principal,
 ) -> AsyncIterator[str]:
     engine, db = deps.engine, deps.db
     tokenizer = engine.tokenizer
     async with db.session() as s:
-        await repo.ensure_session(s, session_id, spec.id)
+        await repo.claim_session(s, db.history, session_id, principal, spec.id)
         await repo.add_message(s, db.history, session_id, "user", user_text)
     async with db.session() as s:
         history = [m.to_replay() for m in await repo.get_messages(s, db.history, session_id)]
@@ -230,9 +245,10 @@ async def _run_turn_locked(
         kept = replay.trim(history, max_turns)
         render = {"system_prompt": spec.system_prompt, "tools": tools or None}
         if budget:
-            kept, prompt_ids = replay.fit_tokens(tokenizer, kept, budget, **render)
+            # rendering and tokenizing a long history takes seconds: off the event loop
+            kept, prompt_ids = await asyncio.to_thread(replay.fit_tokens, tokenizer, kept, budget, **render)
         else:
-            prompt_ids = replay.render_ids(tokenizer, kept, **render)
+            prompt_ids = await asyncio.to_thread(replay.render_ids, tokenizer, kept, **render)
         # grammar.api through the API's adapter (compiled off the event loop; None without a backend)
         constraint = await build_constraint(
             tokenizer,

@@ -8,14 +8,20 @@ The handler calls load_and_append before rendering and record_reply once the rep
     await record_reply(app.state.db, session_id, content, tool_calls=calls, token_ids=ids)
 
 Clients differ: some send only the new message, some (n8n) resend the whole history every call.
-The request's non-system messages that already end the stored history are not stored twice."""
+The request's non-system messages that already end the stored history are not stored twice.
+
+A session belongs to the caller that created it (app.principal): both functions take the caller
+as `principal`, by default the one app.deps.require_api_key set for the request being served; a
+session id another caller holds is a 404 (APIError), nothing read from it or written into it."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from app import principal as principals
 from app.memory import repository as repo
 from app.memory.db import Database
+from app.principal import Principal
 
 
 def _text(content: Any) -> str:
@@ -42,20 +48,28 @@ def _overlap(stored: list[dict], new: list[dict]) -> int:
 
 
 async def load_and_append(
-    db: Database, session_id: str, messages: list[dict[str, Any]], *, assistant_id: str | None = None
+    db: Database,
+    session_id: str,
+    messages: list[dict[str, Any]],
+    *,
+    assistant_id: str | None = None,
+    principal: Principal | None = None,
+    added: list[int] | None = None,
 ) -> list[dict[str, Any]]:
     """Store the request's new messages as the session's next turn (committed on return) and
     return the whole conversation to render: the request's system/developer messages, then the
     stored history with the new messages at its end. Generated assistant messages carry
-    "token_ids" (see app.agent.replay.render_ids: replaying them keeps the prefix cache warm)."""
+    "token_ids" (see app.agent.replay.render_ids: replaying them keeps the prefix cache warm).
+    added: receives the ids of the messages stored now (for forget() when the turn fails)."""
     system = [m for m in messages if m.get("role") in ("system", "developer")]
     rest = [m for m in messages if m.get("role") not in ("system", "developer")]
+    principal = principal or principals.current()
     async with db.session() as s:
-        await repo.ensure_session(s, session_id, assistant_id)
+        await repo.claim_session(s, db.history, session_id, principal, assistant_id)
         stored = [m.to_replay() for m in await repo.get_messages(s, db.history, session_id)]
         fresh = rest[_overlap(stored, rest) :] if stored else rest
         for m in fresh:
-            await repo.add_message(
+            row = await repo.add_message(
                 s,
                 db.history,
                 session_id,
@@ -65,6 +79,8 @@ async def load_and_append(
                 tool_call_id=m.get("tool_call_id"),
                 name=m.get("name"),
             )
+            if added is not None:
+                added.append(row.id)
             stored.append({k: v for k, v in m.items() if v is not None})
     return [{"role": "system", "content": _text(m.get("content"))} for m in system] + stored
 
@@ -76,10 +92,12 @@ async def record_reply(
     *,
     tool_calls: list[dict[str, Any]] | None = None,
     token_ids: list[int] | None = None,
+    principal: Principal | None = None,
 ) -> None:
     """Store the generated assistant message (token_ids: generated ids, stop token excluded)."""
+    principal = principal or principals.current()
     async with db.session() as s:
-        await repo.ensure_session(s, session_id)
+        await repo.claim_session(s, db.history, session_id, principal)
         await repo.add_message(
             s,
             db.history,
@@ -89,3 +107,23 @@ async def record_reply(
             tool_calls=tool_calls or None,
             token_ids=token_ids or None,
         )
+
+
+async def forget(db: Database, session_id: str, message_ids: list[int]) -> None:
+    """Remove messages a failed turn stored (load_and_append's `added`) and their n8n rows."""
+    if not message_ids:
+        return
+    import sqlalchemy as sa
+
+    from app.memory.models import Message
+
+    async with db.session() as s:
+        rows = sa.select(Message.n8n_row_id).where(
+            Message.session_id == session_id, Message.id.in_(message_ids), Message.n8n_row_id.is_not(None)
+        )
+        n8n_ids = list((await s.scalars(rows)).all())
+        await s.execute(
+            sa.delete(Message).where(Message.session_id == session_id, Message.id.in_(message_ids))
+        )
+        if n8n_ids:
+            await s.execute(sa.delete(db.history).where(db.history.c.id.in_(n8n_ids)))

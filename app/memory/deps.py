@@ -22,7 +22,8 @@ def get_db(request: Request) -> Database:
 def get_http(request: Request) -> httpx.AsyncClient:
     http = getattr(request.app.state, "webhook_http", None)
     if http is None:
-        http = request.app.state.webhook_http = httpx.AsyncClient(follow_redirects=True)
+        # webhook tools: no redirects followed, no proxy from the environment (app.agent.webhooks)
+        http = request.app.state.webhook_http = httpx.AsyncClient(follow_redirects=False, trust_env=False)
     return http
 
 

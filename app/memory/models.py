@@ -9,6 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from app.memory.n8n_table import JSONType
+from app.principal import DEFAULT
 
 
 def utcnow() -> datetime:
@@ -32,6 +33,13 @@ class Assistant(Base):
     memory: Mapped[dict[str, Any]] = mapped_column(default=dict)  # {"max_turns": n} | {"max_tokens": n}
     tool_choice: Mapped[Any | None] = mapped_column(JSONType)  # first tool round only
     tools: Mapped[list[Any]] = mapped_column(default=list)  # OpenAI function tools + "webhook"
+    # app.principal: who created it (lists and reads under /v1); the webhook serves it to its callers
+    owner: Mapped[str] = mapped_column(sa.String(128), default=DEFAULT, server_default=DEFAULT)
+    # who may call its webhook: {"type": "none"} | {"type": "basic", "user", "password_hash"} |
+    # {"type": "header", "name", "value_hash"}; None: the server's CHATLOOM_WEBHOOK_AUTH
+    webhook_auth: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    # whether anonymous webhook callers (an open webhook on a server with a key) may run its tools
+    anonymous_tools: Mapped[bool] = mapped_column(default=False, server_default=sa.false())
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
@@ -43,6 +51,8 @@ class ChatSession(Base):
     assistant_id: Mapped[str | None] = mapped_column(
         sa.ForeignKey("assistants.id", ondelete="SET NULL"), index=True
     )
+    # app.principal: the only caller that sees this session (every other one gets a 404)
+    owner: Mapped[str] = mapped_column(sa.String(128), default=DEFAULT, server_default=DEFAULT, index=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 

@@ -2,7 +2,12 @@
 
 Every message write goes to `messages` and, in the same transaction, to the n8n history table in
 n8n's flat LangChain shape; rows that n8n wrote there (no `messages.n8n_row_id` points at them)
-are imported into `messages` when a session is read, so both sides see one history."""
+are imported into `messages` when a session is read, so both sides see one history.
+
+Every session and assistant has an owner (app.principal). The functions that take a `principal`
+treat rows of other owners as absent: visible_session and claim_session are the way in for a
+caller; get_messages and add_message act on a session the caller already holds. A session that
+exists only in n8n's table belongs to DEFAULT once imported."""
 
 from __future__ import annotations
 
@@ -17,10 +22,24 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.errors import APIError
 from app.memory.models import Assistant, ChatSession, Message, utcnow
 from app.memory.n8n_table import from_langchain, to_langchain
+from app.principal import DEFAULT, OPEN, Principal
 
-ASSISTANT_FIELDS = ("name", "system_prompt", "model", "sampling", "memory", "tool_choice", "tools")
+ASSISTANT_FIELDS = (
+    "name",
+    "system_prompt",
+    "model",
+    "sampling",
+    "memory",
+    "tool_choice",
+    "tools",
+    "webhook_auth",
+    "anonymous_tools",
+)
+# fields a re-seeded assistant takes even when None (back to the server's default)
+_NULLABLE = ("model", "tool_choice", "webhook_auth")
 
 
 # ---- assistants ---------------------------------------------------------------------------------
@@ -35,18 +54,30 @@ async def get_assistant(s: AsyncSession, assistant_id: str) -> Assistant | None:
     return await s.get(Assistant, assistant_id)
 
 
-async def list_assistants(s: AsyncSession) -> list[Assistant]:
-    return list((await s.scalars(sa.select(Assistant).order_by(Assistant.created_at, Assistant.id))).all())
+async def visible_assistant(s: AsyncSession, assistant_id: str, principal: Principal) -> Assistant | None:
+    """The assistant if this caller owns (or reads) it: what /v1/assistants shows and deletes."""
+    row = await s.get(Assistant, assistant_id)
+    return row if row is not None and principal.can_read(row.owner) else None
+
+
+async def list_assistants(s: AsyncSession, principal: Principal = OPEN) -> list[Assistant]:
+    q = (
+        sa.select(Assistant)
+        .where(Assistant.owner.in_(sorted(principal.reads)))
+        .order_by(Assistant.created_at, Assistant.id)
+    )
+    return list((await s.scalars(q)).all())
 
 
 async def create_assistant(
-    s: AsyncSession, data: dict[str, Any], assistant_id: str | None = None
+    s: AsyncSession, data: dict[str, Any], assistant_id: str | None = None, *, owner: str = DEFAULT
 ) -> Assistant:
     fields = {k: data[k] for k in ASSISTANT_FIELDS if data.get(k) is not None}
     fields.setdefault("system_prompt", "")
     fields.setdefault("sampling", {})
     fields.setdefault("memory", {})
     fields.setdefault("tools", [])
+    fields["owner"] = owner
     row = Assistant(id=assistant_id or data.get("id") or _slug(fields.get("name", "")), **fields)
     s.add(row)
     await s.flush()
@@ -58,7 +89,7 @@ async def upsert_assistant(s: AsyncSession, data: dict[str, Any], assistant_id: 
     if row is None:
         return await create_assistant(s, data, assistant_id)
     for key in ASSISTANT_FIELDS:
-        if key in data and (data[key] is not None or key in ("model", "tool_choice")):
+        if key in data and (data[key] is not None or key in _NULLABLE):
             setattr(row, key, data[key])
     await s.flush()
     return row
@@ -72,21 +103,78 @@ def _insert(s: AsyncSession, table):
     return (pg_insert if dialect == "postgresql" else sqlite_insert)(table)
 
 
+def session_not_found(session_id: str) -> APIError:
+    # the same answer whether the id is unknown or another caller's: no one learns what others hold
+    return APIError(f"No session with id {session_id!r}.", 404, param="session_id", code="session_not_found")
+
+
 async def ensure_session(
-    s: AsyncSession, session_id: str, assistant_id: str | None = None, *, lock: bool = False
+    s: AsyncSession,
+    session_id: str,
+    assistant_id: str | None = None,
+    *,
+    lock: bool = False,
+    owner: str = DEFAULT,
 ) -> ChatSession:
-    """Get or create (race-free: INSERT .. ON CONFLICT DO NOTHING). lock: hold the row
-    (SELECT .. FOR UPDATE on PostgreSQL) until the transaction ends."""
+    """Get or create (race-free: INSERT .. ON CONFLICT DO NOTHING), whoever owns it: callers
+    check the owner (claim_session does). lock: hold the row (SELECT .. FOR UPDATE on
+    PostgreSQL) until the transaction ends. owner: the owner of a new row."""
     row = await s.get(ChatSession, session_id)
     if row is None:
         now = utcnow()
         await s.execute(
             _insert(s, ChatSession.__table__)
-            .values(id=session_id, assistant_id=assistant_id, created_at=now, updated_at=now)
+            .values(id=session_id, assistant_id=assistant_id, owner=owner, created_at=now, updated_at=now)
             .on_conflict_do_nothing(index_elements=["id"])
         )
     if row is None or lock:
         row = await s.get(ChatSession, session_id, with_for_update=lock, populate_existing=True)
+    if assistant_id and row.assistant_id is None and row.owner == owner:
+        row.assistant_id = assistant_id
+    return row
+
+
+async def session_exists(s: AsyncSession, history: sa.Table, session_id: str) -> bool:
+    """Whether anyone holds this id (a session, or rows in n8n's table), whoever it is."""
+    if await s.get(ChatSession, session_id) is not None:
+        return True
+    q = sa.select(history.c.id).where(history.c.session_id == session_id).limit(1)
+    return (await s.execute(q)).first() is not None
+
+
+async def visible_session(
+    s: AsyncSession, history: sa.Table, session_id: str, principal: Principal
+) -> ChatSession | None:
+    """The session if it exists and this caller reads its owner (n8n's newer rows imported),
+    else None. A session only n8n's table holds is imported (as DEFAULT's) for a caller that
+    reads DEFAULT."""
+    row = await s.get(ChatSession, session_id)
+    if row is not None:
+        if not principal.can_read(row.owner):
+            return None
+        await import_n8n_rows(s, history, session_id)
+        return row
+    if principal.can_read(DEFAULT) and await import_n8n_rows(s, history, session_id):
+        return await s.get(ChatSession, session_id)
+    return None
+
+
+async def claim_session(
+    s: AsyncSession,
+    history: sa.Table,
+    session_id: str,
+    principal: Principal,
+    assistant_id: str | None = None,
+) -> ChatSession:
+    """The caller's session, created for it when the id is new anywhere (sessions and n8n's
+    table). An id another owner holds is a 404: nothing is read from it or written into it."""
+    row = await visible_session(s, history, session_id, principal)
+    if row is None:
+        if await session_exists(s, history, session_id):
+            raise session_not_found(session_id)
+        row = await ensure_session(s, session_id, assistant_id, owner=principal.id)
+        if not principal.can_read(row.owner):  # another caller created it in between
+            raise session_not_found(session_id)
     if assistant_id and row.assistant_id is None:
         row.assistant_id = assistant_id
     return row
@@ -154,11 +242,6 @@ async def get_messages(s: AsyncSession, history: sa.Table, session_id: str) -> l
     return list((await s.scalars(q)).all())
 
 
-async def get_session(s: AsyncSession, history: sa.Table, session_id: str) -> ChatSession | None:
-    await import_n8n_rows(s, history, session_id)
-    return await s.get(ChatSession, session_id)
-
-
 @dataclass
 class SessionSummary:
     id: str
@@ -169,18 +252,26 @@ class SessionSummary:
 
 
 async def list_sessions(
-    s: AsyncSession, history: sa.Table, *, assistant_id: str | None = None, limit: int = 50, offset: int = 0
+    s: AsyncSession,
+    history: sa.Table,
+    *,
+    principal: Principal = OPEN,
+    assistant_id: str | None = None,
+    limit: int = 50,
+    offset: int = 0,
 ) -> list[SessionSummary]:
-    """Most recently active first; sessions that exist only in the n8n table are imported first."""
-    foreign = (
-        await s.scalars(
-            sa.select(history.c.session_id)
-            .distinct()
-            .where(history.c.session_id.not_in(sa.select(ChatSession.id)))
-        )
-    ).all()
-    for sid in foreign:
-        await import_n8n_rows(s, history, sid)
+    """The caller's sessions, most recently active first; for a caller that reads DEFAULT, the
+    sessions that exist only in the n8n table are imported first."""
+    if principal.can_read(DEFAULT):
+        foreign = (
+            await s.scalars(
+                sa.select(history.c.session_id)
+                .distinct()
+                .where(history.c.session_id.not_in(sa.select(ChatSession.id)))
+            )
+        ).all()
+        for sid in foreign:
+            await import_n8n_rows(s, history, sid)
     counts = (
         sa.select(Message.session_id, sa.func.count(Message.id).label("n"))
         .group_by(Message.session_id)
@@ -189,6 +280,7 @@ async def list_sessions(
     q = (
         sa.select(ChatSession, sa.func.coalesce(counts.c.n, 0))
         .outerjoin(counts, counts.c.session_id == ChatSession.id)
+        .where(ChatSession.owner.in_(sorted(principal.reads)))
         .order_by(ChatSession.updated_at.desc(), ChatSession.id)
         .limit(limit)
         .offset(offset)
@@ -201,8 +293,12 @@ async def list_sessions(
     ]
 
 
-async def delete_session(s: AsyncSession, history: sa.Table, session_id: str) -> bool:
-    """Delete the session, its messages and its n8n rows. False if none of them existed."""
+async def delete_session(
+    s: AsyncSession, history: sa.Table, session_id: str, principal: Principal = OPEN
+) -> bool:
+    """Delete the caller's session, its messages and its n8n rows. False if it has none such."""
+    if await visible_session(s, history, session_id, principal) is None:
+        return False
     gone = (await s.execute(sa.delete(history).where(history.c.session_id == session_id))).rowcount
     gone += (await s.execute(sa.delete(Message).where(Message.session_id == session_id))).rowcount
     gone += (await s.execute(sa.delete(ChatSession).where(ChatSession.id == session_id))).rowcount

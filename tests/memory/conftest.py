@@ -136,6 +136,10 @@ def build_app(settings, engine):
     return create_app(settings, engine=engine)
 
 
+# the local webhook server listens on loopback, which webhook tools may only reach when allowed
+LOOPBACK_TOOLS = {"webhook_allowed_networks": ["127.0.0.0/8"]}
+
+
 def make_settings(db_url: str, **extra):
     from app.settings import Settings
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.memory.conftest import make_settings, running_app
+from tests.memory.conftest import LOOPBACK_TOOLS, make_settings, running_app
 
 JS_DIR = os.environ.get("CHATLOOM_LANGCHAIN_JS")
 
@@ -48,7 +48,7 @@ async def test_langchain_js_reads_and_writes_chatloom_history(db_url, fake_engin
         pytest.skip("PostgresChatMessageHistory speaks PostgreSQL only")
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
     fake_engine.say("Hi there.", call, "Oslo is cold.")
-    async with running_app(make_settings(db_url), fake_engine) as client:
+    async with running_app(make_settings(db_url, **LOOPBACK_TOOLS), fake_engine) as client:
         await client.post("/webhook/default/chat", json={"sessionId": "lc", "chatInput": "Hello"})
         tools = [
             {

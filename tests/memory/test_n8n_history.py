@@ -8,7 +8,7 @@ import sqlite3
 
 from sqlalchemy.engine import make_url
 
-from tests.memory.conftest import make_settings, running_app
+from tests.memory.conftest import LOOPBACK_TOOLS, make_settings, running_app
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
 
@@ -36,7 +36,7 @@ def _message(value) -> dict:
 
 async def test_chatloom_rows_read_back_in_n8n_shape(db_url, fake_engine, webhook_server):
     fake_engine.say("Hi there.", CALL, "Oslo is cold.")
-    async with running_app(make_settings(db_url), fake_engine) as client:
+    async with running_app(make_settings(db_url, **LOOPBACK_TOOLS), fake_engine) as client:
         await client.post("/webhook/default/chat", json={"sessionId": "n8n-a", "chatInput": "Hello"})
         tools = [
             {

@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 from app.agent import replay
-from tests.memory.conftest import make_settings, running_app
+from tests.memory.conftest import LOOPBACK_TOOLS, make_settings, running_app
 
 
 def _user(text):
@@ -84,7 +84,9 @@ async def test_next_turn_extends_previous_prompt_token_for_token(fake_engine, tm
     eos = tok.eos_token_id
     replies = [_char_ids(tok, "Hello there, friend!"), "Second answer.", _char_ids(tok, " third  one ")]
     fake_engine.say(*replies)
-    async with running_app(make_settings(f"sqlite:///{tmp_path}/r.db"), fake_engine) as client:
+    async with running_app(
+        make_settings(f"sqlite:///{tmp_path}/r.db", **LOOPBACK_TOOLS), fake_engine
+    ) as client:
         for i in range(3):
             r = await client.post(
                 "/webhook/default/chat", json={"sessionId": "px", "chatInput": f"question {i}"}

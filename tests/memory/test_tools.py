@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 
-from tests.memory.conftest import make_settings, running_app
+from tests.memory.conftest import LOOPBACK_TOOLS, make_settings, running_app
 
 WEATHER = {
     "name": "get_weather",
@@ -44,7 +44,7 @@ async def _turn(client, assistant_id: str, sid: str, text: str) -> str:
 
 async def test_required_tool_round_trip(db_url, fake_engine, webhook_server):
     fake_engine.say(CALL, "It is sunny in Paris.")
-    async with running_app(make_settings(db_url), fake_engine) as client:
+    async with running_app(make_settings(db_url, **LOOPBACK_TOOLS), fake_engine) as client:
         r = await client.post("/v1/assistants", json=assistant(webhook_server.base + "/weather"))
         created = r.json()
         assert created["id"] and created["tool_choice"] == "required"
@@ -74,7 +74,7 @@ async def test_required_tool_round_trip(db_url, fake_engine, webhook_server):
 
 
 async def test_webhook_failures_become_tool_errors(db_url, fake_engine, webhook_server):
-    async with running_app(make_settings(db_url), fake_engine) as client:
+    async with running_app(make_settings(db_url, **LOOPBACK_TOOLS), fake_engine) as client:
         cases = {
             "slow": assistant(webhook_server.base + "/slow", timeout_s=0.3),
             "fail": assistant(webhook_server.base + "/fail"),
@@ -95,7 +95,7 @@ async def test_webhook_failures_become_tool_errors(db_url, fake_engine, webhook_
 
 
 async def test_tool_rounds_are_bounded(db_url, fake_engine, webhook_server):
-    async with running_app(make_settings(db_url), fake_engine) as client:
+    async with running_app(make_settings(db_url, **LOOPBACK_TOOLS), fake_engine) as client:
         aid = (await client.post("/v1/assistants", json=assistant(webhook_server.base + "/w"))).json()["id"]
         fake_engine.say(*[CALL] * 10)  # a model that never stops calling
         reply = await _turn(client, aid, "loop", "Weather?")
@@ -107,7 +107,7 @@ async def test_tool_rounds_are_bounded(db_url, fake_engine, webhook_server):
 
 
 async def test_unknown_tool_and_bad_arguments(db_url, fake_engine, webhook_server):
-    async with running_app(make_settings(db_url), fake_engine) as client:
+    async with running_app(make_settings(db_url, **LOOPBACK_TOOLS), fake_engine) as client:
         aid = (await client.post("/v1/assistants", json=assistant(webhook_server.base + "/w"))).json()["id"]
         fake_engine.say('<tool_call>\n{"name": "launch_rocket", "arguments": {}}\n</tool_call>', "ok")
         assert await _turn(client, aid, "u", "go") == "ok"
@@ -117,7 +117,7 @@ async def test_unknown_tool_and_bad_arguments(db_url, fake_engine, webhook_serve
 
 
 async def test_assistant_validation(db_url, fake_engine):
-    async with running_app(make_settings(db_url), fake_engine) as client:
+    async with running_app(make_settings(db_url, **LOOPBACK_TOOLS), fake_engine) as client:
         r = await client.post("/v1/assistants", json={"name": "x", "tool_choice": "required"})
         assert r.status_code == 400 and "tool_choice" in r.json()["error"]["message"]
         r = await client.post(
@@ -146,7 +146,9 @@ async def test_required_tool_call_through_the_real_engine_and_grammar(tmp_path, 
     engine = AsyncEngine(config)
     await engine.start()
     try:
-        async with running_app(make_settings(f"sqlite:///{tmp_path}/g.db"), engine) as client:
+        async with running_app(
+            make_settings(f"sqlite:///{tmp_path}/g.db", **LOOPBACK_TOOLS), engine
+        ) as client:
             body = assistant(webhook_server.base + "/weather")
             body["sampling"] = {"temperature": 0.6, "max_tokens": 48, "seed": 1}
             aid = (await client.post("/v1/assistants", json=body)).json()["id"]

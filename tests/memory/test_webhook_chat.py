@@ -215,14 +215,21 @@ async def test_ndjson_streams_over_real_http(tmp_path, fake_engine):
 
 
 async def test_widget_get_mode(db_url, fake_engine):
-    """@n8n/chat with webhookConfig.method "GET" sends the same fields as query parameters."""
-    fake_engine.say("Over GET.")
+    """@n8n/chat with webhookConfig.method "GET" sends the fields as query parameters: that loads a
+    session, but a message changes state and needs POST (405, nothing stored)."""
+    fake_engine.say("Over POST.")
     async with running_app(make_settings(db_url), fake_engine) as client:
         r = await client.get(
             "/webhook/default/chat", params={"action": "sendMessage", "sessionId": "g", "chatInput": "hi"}
         )
-        assert r.json() == {"output": "Over GET."}
+        assert r.status_code == 405 and r.headers["allow"] == "POST"
+        assert r.json()["error"]["code"] == "method_not_allowed"
+        r = await client.get("/webhook/default/chat", params={"sessionId": "g", "chatInput": "hi"})
+        assert r.status_code == 405  # the action inferred from chatInput is sendMessage too
+        assert fake_engine.calls == []
+        r = await client.post("/webhook/default/chat", json={"sessionId": "g", "chatInput": "hi"})
+        assert r.json() == {"output": "Over POST."}
         r = await client.get(
             "/webhook/default/chat", params={"action": "loadPreviousSession", "sessionId": "g"}
         )
-        assert [d["kwargs"]["content"] for d in r.json()["data"]] == ["hi", "Over GET."]
+        assert [d["kwargs"]["content"] for d in r.json()["data"]] == ["hi", "Over POST."]
