@@ -9,6 +9,16 @@ import sys
 from typing import Any
 
 
+class _RefusedApiKeyFlag(argparse.Action):
+    """--api-key is gone: a key on the command line is visible to every user in `ps`."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(
+            "--api-key is not accepted (the command line shows in `ps`): "
+            "use --api-key-file PATH or the CHATLOOM_API_KEY environment variable"
+        )
+
+
 def _serve_parser(sub: Any) -> None:
     p = sub.add_parser(
         "serve",
@@ -26,7 +36,19 @@ def _serve_parser(sub: Any) -> None:
     )
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8000)")
-    p.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1/*")
+    p.add_argument(
+        "--api-key-file",
+        help="file holding the key required as `Authorization: Bearer KEY` on /v1/* (or set "
+        "CHATLOOM_API_KEY; never a flag: the command line shows in `ps`)",
+    )
+    p.add_argument("--api-key", action=_RefusedApiKeyFlag, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        dest="allowed_hosts",
+        help="a Host this server answers to, '*.domain' or '*' (repeat; default: localhost, 127.0.0.1, "
+        "::1 and --host)",
+    )
     p.add_argument("--device", help="auto | cpu | cuda[:N]")
     p.add_argument("--dtype", help="auto | float32 | float16 | bfloat16")
     p.add_argument("--max-model-len", type=int, help="context length (default: the checkpoint's)")
@@ -115,7 +137,8 @@ def settings_from_args(args: argparse.Namespace):
         "strict_model_names",
         "host",
         "port",
-        "api_key",
+        "api_key_file",
+        "allowed_hosts",
         "device",
         "dtype",
         "max_model_len",

@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.chat import constraints
 from app.chat.serving import Serving
 from app.errors import BodyLimitMiddleware, InternalErrorMiddleware, install_error_handlers
+from app.hosts import HostCheckMiddleware
 from app.metrics import Metrics
 from app.settings import Settings
 
@@ -127,7 +128,10 @@ class RequestCounter:
 def create_app(settings: Settings | None = None, engine: Any = None) -> FastAPI:
     """The app; `engine` (anything with AsyncEngine's interface) skips loading one from settings."""
     settings = settings or Settings()
-    app = FastAPI(title="chatloom", version="0.1.0", lifespan=lifespan)
+    # /docs, /redoc and /openapi.json come from app.api.docs (behind the key when there is one)
+    app = FastAPI(
+        title="chatloom", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.state.settings = settings
     app.state.given_engine = engine
     app.state.engine = None
@@ -136,8 +140,9 @@ def create_app(settings: Settings | None = None, engine: Any = None) -> FastAPI:
     app.state.metrics = Metrics(lambda: app.state.engine)
 
     install_error_handlers(app)
-    from app.api import health, openai, responses
+    from app.api import docs, health, openai, responses
 
+    app.include_router(docs.router)
     app.include_router(health.router)
     app.include_router(openai.router)
     app.include_router(responses.router)
@@ -155,6 +160,8 @@ def create_app(settings: Settings | None = None, engine: Any = None) -> FastAPI:
             allow_credentials="*" not in settings.cors_origins,
         )
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    # DNS rebinding: a foreign name in Host is a 400 before anything runs (counted like the rest)
+    app.add_middleware(HostCheckMiddleware, allowed_hosts=settings.host_allow_list())
     app.add_middleware(RequestCounter, metrics=app.state.metrics)
     app.add_middleware(InternalErrorMiddleware)  # outermost: sees every unexpected exception
     return app

@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# the app's Host check (CHATLOOM_ALLOWED_HOSTS) with Starlette's TestClient's own host name added:
+# "testserver", a single-label name no DNS resolves (tests of the check itself set their own list)
+os.environ.setdefault("CHATLOOM_ALLOWED_HOSTS", "localhost,127.0.0.1,::1,testserver")
 
 
 @pytest.fixture(scope="session")

@@ -26,10 +26,11 @@ def test_settings_from_environment(monkeypatch):
     assert s.database_url == "sqlite:///./data/chatloom.db" and s.n8n_history_table == "n8n_chat_histories"
 
 
-def test_flags_override_environment(monkeypatch):
+def test_flags_override_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("CHATLOOM_PORT", "9001")
-    args = build_parser().parse_args(["serve", "--port", "9002", "--api-key", "k", "--model", "/m/qwen"])
-    s = settings_from_args(args)
+    (tmp_path / "key").write_text("k\n")
+    argv = ["serve", "--port", "9002", "--api-key-file", str(tmp_path / "key"), "--model", "/m/qwen"]
+    s = settings_from_args(build_parser().parse_args(argv))
     assert s.port == 9002 and s.api_key.get_secret_value() == "k" and s.model_name() == "qwen"
 
 
