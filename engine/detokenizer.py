@@ -1,13 +1,35 @@
 """Incremental detokenization, UTF-8 safe, with stop strings cut exactly.
 
-Text is decoded from a sliding window of tokens; a window whose text ends in an incomplete UTF-8
-sequence (U+FFFD) waits for more tokens. Text that could still become the start of a stop string is
-held back until it is known not to be one. With a Rust tokenizer the window runs inside it
-(tokenizers' DecodeStream: the same rule, one call per token instead of two decodes from python)."""
+The text handed out, delta by delta, is exactly tokenizer.decode(output ids) for every vocabulary
+kind (byte-level BPE, tiktoken-style, SentencePiece with byte fallback). Text is decoded from a
+sliding window of output tokens; a window whose text ends in an incomplete UTF-8 sequence (U+FFFD)
+waits for more tokens. The prompt is no context: SentencePiece's decoder drops the leading space of
+the first piece ("▁It" -> "It"), as decode(output ids) does, and a character the prompt left
+incomplete stays U+FFFD as it does there. SentencePiece byte fallback decodes a run of `<0xNN>`
+tokens all or nothing (any invalid byte turns the whole run into U+FFFDs), so a run's text waits
+until a token that is not a byte ends it. Text that could still become the start of a stop string
+is held back until it is known not to be one. With a Rust byte-level tokenizer the window runs
+inside it (tokenizers' DecodeStream: the same rule, one call per token instead of two decodes)."""
 
 from __future__ import annotations
 
 from tokenizers.decoders import DecodeStream
+
+# id(backend) -> (backend, ids of the <0xNN> byte tokens, ids of special added tokens), for
+# tokenizers whose decoder has ByteFallback; the backend is kept so that an id is never reused
+_BYTE_FALLBACK: dict[int, tuple[object, frozenset[int], frozenset[int]]] = {}
+
+
+def _byte_fallback_ids(backend) -> tuple[frozenset[int], frozenset[int]] | None:
+    """(byte token ids, special token ids) when the decoder joins <0xNN> runs (ByteFallback)."""
+    if backend is None or "ByteFallback" not in str(backend.decoder):
+        return None
+    cached = _BYTE_FALLBACK.get(id(backend))
+    if cached is None or cached[0] is not backend:
+        byte_ids = {backend.token_to_id(f"<0x{b:02X}>") for b in range(256)} - {None}
+        special = {i for i, tok in backend.get_added_tokens_decoder().items() if tok.special}
+        cached = _BYTE_FALLBACK[id(backend)] = (backend, frozenset(byte_ids), frozenset(special))
+    return cached[1], cached[2]
 
 
 class IncrementalDetokenizer:
@@ -31,26 +53,35 @@ class IncrementalDetokenizer:
         self.stop = stop
         self.include_stop = include_stop_str_in_output
         self.hold = max((len(s) for s in stop), default=1) - 1
-        self.ids: list[int] = list(prompt_ids[-6:])  # a little context: decoding may depend on it
+        del prompt_ids  # no context: the output's text is decode(output ids) (see the module doc)
+        self.ids: list[int] = []
         self.prefix_offset = 0
-        self.read_offset = len(self.ids)
+        self.read_offset = 0
         self.text = ""  # all output text decoded so far (may include a stop string, cut below)
         self.emitted = 0  # characters of self.text already handed out
         self._backend = backend
-        self._stream = None
-        # DecodeStream takes the context's text as its first window only when it ends in a whole
-        # character; otherwise the python rule (which always does) runs
-        if backend is not None and not self._decode(self.ids).endswith("\ufffd"):
-            try:
-                self._stream = DecodeStream(ids=list(self.ids), skip_special_tokens=skip_special_tokens)
-            except TypeError:  # a tokenizers release without context ids
-                self._stream = None
+        fallback = _byte_fallback_ids(getattr(tokenizer, "backend_tokenizer", None))
+        self._byte_ids, self._special_ids = fallback or (frozenset(), frozenset())
+        self._run_open = False  # the last token that decodes to anything is a <0xNN> byte token
+        # DecodeStream's window would hand out a byte run before it is known to be valid
+        self._stream = (
+            DecodeStream(skip_special_tokens=skip_special_tokens)
+            if backend is not None and not fallback
+            else None
+        )
 
     def _decode(self, ids: list[int]) -> str:
         return self._fast_decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def add(self, token_id: int) -> None:
         self.ids.append(token_id)
+        if self._byte_ids:
+            if token_id in self._byte_ids:
+                self._run_open = True
+            elif not (self.skip_special_tokens and token_id in self._special_ids):
+                self._run_open = False  # a skipped special token neither ends nor extends a run
+            if self._run_open:
+                return
         if self._stream is not None:
             try:
                 piece = self._stream.step(self._backend, token_id)
