@@ -357,3 +357,29 @@ def test_openapi_documents_400_not_422(client):
     assert ref == "#/components/schemas/ErrorResponse"
     error = doc["components"]["schemas"]["ErrorResponse"]["properties"]["error"]
     assert set(error["required"]) == {"message", "type", "param", "code"}
+
+
+# ---- one log record per failure ------------------------------------------------------------------
+
+
+def test_a_bug_is_logged_once_with_its_traceback(fake_engine, tmp_path, monkeypatch, caplog):
+    import logging
+
+    from fastapi.testclient import TestClient
+
+    from app.chat.serving import Serving
+    from app.main import create_app
+    from app.settings import Settings
+
+    async def broken(self, *args, **kwargs):
+        raise RuntimeError("a bug, not bad input")
+
+    monkeypatch.setattr(Serving, "prepare_chat", broken)
+    app = create_app(Settings(database_url=f"sqlite:///{tmp_path}/c.db"), engine=fake_engine)
+    with TestClient(app, raise_server_exceptions=True) as client:  # nothing propagates to the server
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            r = client.post(CHAT, json=chat())
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+    tracebacks = [rec for rec in caplog.records if rec.exc_info]
+    assert len(tracebacks) == 1 and "a bug, not bad input" in str(tracebacks[0].exc_info[1])
