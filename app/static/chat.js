@@ -26,19 +26,22 @@ function newSessionId() {
 }
 
 class HttpError extends Error {
-  constructor(status, message) {
+  constructor(status, message, code) {
     super(message);
     this.status = status;
+    this.code = code || null;
   }
 }
 
 async function errorOf(resp) {
   let message = `${resp.status} ${resp.statusText}`;
+  let code = null;
   try {
     const body = await resp.json();
     if (body && body.error && body.error.message) message = body.error.message;
+    if (body && body.error) code = body.error.code;
   } catch (_) { /* not JSON: the status line says enough */ }
-  return new HttpError(resp.status, message);
+  return new HttpError(resp.status, message, code);
 }
 
 // /v1 calls: send the key when there is one; a 401 brings up the key field
@@ -55,11 +58,22 @@ function webhookUrl() {
   return `/webhook/${encodeURIComponent(state.assistant)}/chat`;
 }
 
+// the webhook takes the API key too (then the chats are the key holder's, the ones /v1 lists); a
+// 401 there brings up the key field as well
+async function webhook(body, accept, signal) {
+  const headers = { "Content-Type": "application/json", Accept: accept };
+  if (state.key) headers.Authorization = "Bearer " + state.key;
+  const resp = await fetch(webhookUrl(), { method: "POST", headers, body: JSON.stringify(body), signal });
+  if (resp.status === 401) showKeyForm(true);
+  if (!resp.ok) throw await errorOf(resp);
+  return resp;
+}
+
 function showKeyForm(rejected) {
   $("key-form").hidden = false;
   $("key-hint").textContent = state.key && rejected
     ? "The server rejected this key."
-    : "The server asks for an API key for /v1.";
+    : "The server asks for an API key.";
   if (!state.key) $("api-key").focus();
 }
 
@@ -157,12 +171,7 @@ async function loadHistory() {
   }
   if (messages === null) {
     try {
-      const resp = await fetch(webhookUrl(), {
-        method: "POST",
-        headers: { "Content-Type": "application/json", Accept: "application/json" },
-        body: JSON.stringify({ action: "loadPreviousSession", sessionId: sid }),
-      });
-      if (!resp.ok) throw await errorOf(resp);
+      const resp = await webhook({ action: "loadPreviousSession", sessionId: sid }, "application/json");
       const body = await resp.json();
       messages = (body.data || []).map((m) => ({
         role: m.id && m.id[m.id.length - 1] === "HumanMessage" ? "user" : "assistant",
@@ -313,13 +322,8 @@ async function send(text) {
     }
   };
   try {
-    const resp = await fetch(webhookUrl(), {
-      method: "POST",
-      headers: { "Content-Type": "application/json", Accept: "text/plain" },
-      body: JSON.stringify({ action: "sendMessage", sessionId: state.session, chatInput: text }),
-      signal: controller.signal,
-    });
-    if (!resp.ok) throw await errorOf(resp);
+    const body = { action: "sendMessage", sessionId: state.session, chatInput: text };
+    const resp = await webhook(body, "text/plain", controller.signal);
     const reader = resp.body.getReader();
     const decoder = new TextDecoder();
     let buffer = "";
@@ -334,6 +338,7 @@ async function send(text) {
     take(buffer + decoder.decode());
   } catch (err) {
     if (err.name === "AbortError") addNote("Stopped.", "muted");
+    else if (err.code === "session_not_found") addError(err.message + " Start a new chat.");
     else addError(err.message);
   } finally {
     bubble.parentNode.classList.remove("pending");

@@ -161,7 +161,7 @@ async def running_app(settings, engine) -> AsyncIterator[httpx.AsyncClient]:
     app = build_app(settings, engine)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://chatloom") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             client.app = app
             yield client
 
