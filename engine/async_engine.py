@@ -31,6 +31,12 @@ class _Failed:
         self.error = error
 
 
+class GenerationError(RuntimeError):
+    """A request ended by the engine before it finished: one of its sequences failed alone
+    (finish_reason "error": its sampling, grammar mask or detokenization raised), or the step it was
+    in failed. Other requests are not affected."""
+
+
 class AsyncEngine:
     def __init__(self, config: EngineConfig | None = None, **kwargs) -> None:
         self.config = config or EngineConfig(**kwargs)
@@ -94,9 +100,11 @@ class AsyncEngine:
                     raise RuntimeError(f"engine stopped: {self.error!r}")
                 if isinstance(item, _Failed):
                     remaining = 0  # already ended in the engine
-                    raise RuntimeError(f"generation failed: {item.error!r}") from item.error
+                    raise GenerationError(f"generation failed: {item.error!r}") from item.error
                 if item.finish_reason is not None:
                     remaining -= 1
+                if item.finish_reason == "error":  # this sample failed alone; its siblings are aborted
+                    raise GenerationError(f"generation failed (sample {item.index}): {item.error}")
                 yield item
         finally:
             self._streams.pop(rid, None)
@@ -153,9 +161,10 @@ class AsyncEngine:
                 if self.core.has_unfinished():
                     try:
                         outputs = self.core.step()
-                    except Exception as e:  # one bad step fails its requests, not the server
-                        log.exception("engine step failed; its requests are ended")
-                        for rid in self.core.abort_all():
+                    except Exception as e:  # a step failed as a whole: its requests end, not the server
+                        log.exception("engine step failed; the requests in it are ended")
+                        self._deliver(self.core.take_failed())
+                        for rid in self.core.abort_step():
                             self._fail(rid, e)
                         self._stats = self.core.stats()
                         continue

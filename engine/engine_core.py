@@ -15,6 +15,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.model_runner import ModelRunner
+from engine.models.gguf import resolve_checkpoint
 from engine.models.loader import build_model, load_hf_config
 from engine.outputs import StepOutput, TokenLogprob
 from engine.sampler import LogprobTensors, Sampler, logprob_rows, logprob_tensors
@@ -46,6 +47,7 @@ class EngineCore:
         self.config = config
         if not config.model:
             raise ValueError("EngineConfig.model must name a checkpoint folder")
+        config.model = resolve_checkpoint(config.model)  # a .gguf file -> its converted folder (cached)
         if not Path(config.model).is_dir():
             raise ValueError(f"model folder {config.model!r} does not exist")
         if config.num_threads:
@@ -97,6 +99,9 @@ class EngineCore:
         self._inflight: _InFlight | None = None
         # (batch, logits, sampling) of a step whose forward the previous step launched (launch_ahead)
         self._ahead: tuple | None = None
+        # requests whose state the current step touches (None: while scheduling, when any may be)
+        self._touched: set[str] | None = set()
+        self._failed: list[StepOutput] = []  # sequences that failed alone this step, to report
         self.startup_seconds = time.perf_counter() - t0
         log.info(
             "engine ready in %.1fs: %s on %s (%s)",
@@ -127,12 +132,7 @@ class EngineCore:
         bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
-        for name, extra in (("logit_bias", params.logit_bias), ("stop_token_ids", params.stop_token_ids)):
-            bad = next((t for t in extra if not 0 <= t < self.vocab_size), None)
-            if bad is not None:
-                raise ValueError(
-                    f"{name} token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})"
-                )
+        params.check_vocab(self.vocab_size)
         need = len(ids) + (params.max_tokens or 1)
         if need > self.max_model_len:
             raise ValueError(
@@ -181,6 +181,43 @@ class EngineCore:
         self._ahead = None
         return ids
 
+    def abort_step(self) -> list[str]:
+        """After a step failed for a reason no single sequence was blamed for: end the requests the
+        step had touched (their state may be half-updated) and return their ids; requests that were
+        only waiting, or running but not in the step, go on. While the scheduler itself was running
+        any request may be half-updated, so all are ended then."""
+        touched = self._touched
+        if touched is None:
+            return self.abort_all()
+        # a token placeholder left by the dropped in-flight step marks a touched request too
+        touched |= {rid for rid, seqs in self.requests.items() if any(PENDING in s.token_ids for s in seqs)}
+        ids = [rid for rid in touched if rid in self.requests]
+        for rid in ids:
+            self.abort(rid)
+        self._inflight = None
+        self._ahead = None
+        self._touched = set()
+        return ids
+
+    def fail_sequence(self, seq: Sequence, message: str | None = None) -> None:
+        """End one sequence alone with finish_reason "error" (its request's other samples go on);
+        its output, carrying the message, is returned by this step."""
+        if seq.is_finished:
+            return
+        seq.error = seq.error or message or "failed"
+        self.scheduler.finish(seq)
+        seq.finish_reason = "error"
+        while seq.token_ids and seq.token_ids[-1] == PENDING:  # its token in flight is dropped
+            seq.token_ids.pop()
+        self._failed.append(self._output(seq, [], None, ""))
+        if all(s.is_finished for s in self.requests.get(seq.request_id, [])):
+            self.requests.pop(seq.request_id, None)
+
+    def _end_failed(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            if seq.error is not None and not seq.is_finished:
+                self.fail_sequence(seq)
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._inflight is not None or self._ahead is not None
 
@@ -201,8 +238,21 @@ class EngineCore:
         }
 
     # ---- the step ---------------------------------------------------------------------------
-    @torch.inference_mode()  # the runner's logits are inference tensors: the sampler edits them in place
     def step(self) -> list[StepOutput]:
+        """One engine step (see _step); sequences that failed alone in it (their sampling, grammar
+        mask or detokenization raised) end with finish_reason "error" while the others go on."""
+        self._touched = set()
+        outputs = self._step()
+        return outputs + self.take_failed()
+
+    def take_failed(self) -> list[StepOutput]:
+        """The outputs of sequences that failed alone and were not yet returned (a step that raised
+        may leave some)."""
+        failed, self._failed = self._failed, []
+        return failed
+
+    @torch.inference_mode()  # the runner's logits are inference tensors: the sampler edits them in place
+    def _step(self) -> list[StepOutput]:
         """One engine step. With overlap (the CUDA default) the step's sampled tokens stay on the
         device and are read back during the next step: the GPU runs the forward of step N while the
         host finishes step N-1. Rows that need the previous token on the host before they sample
@@ -214,10 +264,18 @@ class EngineCore:
         prev, self._inflight = self._inflight, None
         ahead, self._ahead = self._ahead, None
         tokens = None  # sampled by the step's graph
+        if prev is not None:
+            self._touch(prev.seqs)
         if ahead is not None:  # launched by the previous step (see _sample's ahead_of)
             batch, logits, sampling = ahead
+            self._touch(batch.seqs)
         else:
+            self._touched = None  # a failing schedule() may leave any request half-updated
             batch = self.scheduler.schedule()
+            self._touched = set()
+            if prev is not None:
+                self._touch(prev.seqs)
+            self._touch(batch.seqs)
             if not batch:
                 if prev is not None:
                     outputs += self._finish(prev)
@@ -249,6 +307,10 @@ class EngineCore:
                 outputs += self._finish(launched)
         return outputs
 
+    def _touch(self, seqs: list[Sequence]) -> None:
+        if self._touched is not None:
+            self._touched.update(s.request_id for s in seqs)
+
     def _begin(self, batch) -> None:
         self.num_steps += 1
         for seq in batch.seqs[batch.num_decodes :]:  # a sequence's first step is always a prefill
@@ -266,15 +328,20 @@ class EngineCore:
         top = [None if s.is_finished else s.params.logprobs for s in seqs]
         raw = logits.clone() if any(t is not None for t in top) else None
         logits = self.sampler.process(logits, seqs)  # masks from the counts before this step's token
+        self._end_failed(seqs)  # rows whose own edits or grammar mask failed: no token is kept
         positions = self._reserve(seqs)
         nxt = step = None
         if ahead_of is not None:
             self.scheduler.after_step(ahead_of)
+            touched, self._touched = self._touched, None
             nxt = self.scheduler.schedule()
+            self._touched = touched
+            self._touch(nxt.seqs)
             if nxt:
                 self._begin(nxt)
                 step = self.runner.prepare(nxt, defer_pending=True)
         token_ids = self.sampler.sample(logits, seqs, self.runner.static_logits(logits))
+        self._end_failed(seqs)  # rows that could not be sampled alone: their placeholder is dropped
         launched = self._launched(seqs, positions, token_ids, raw, top)
         if step is not None:
             self._ahead = (nxt, *self.runner.run(nxt, step, pending=token_ids))
@@ -326,7 +393,16 @@ class EngineCore:
             if lps is not None and lps[i] is not None:
                 lp = TokenLogprob(tok, lps[i][0], lps[i][1])
                 seq.logprobs.append(lp)
-            outputs.append(self._accept(seq, pos, tok, lp))
+            try:
+                outputs.append(self._accept(seq, pos, tok, lp))
+            except Exception as exc:  # its grammar or detokenizer: this sequence fails alone
+                log.warning(
+                    "request %s (sample %d) failed on token %d: %r", seq.request_id, seq.index, tok, exc
+                )
+                if not seq.is_finished:
+                    del seq.token_ids[pos + 1 :]
+                    seq.error = f"failed while accepting token {tok}: {type(exc).__name__}: {exc}"
+                    self.fail_sequence(seq)
         return outputs
 
     def _accept(self, seq: Sequence, pos: int, tok: int, lp: TokenLogprob | None) -> StepOutput:
@@ -371,6 +447,7 @@ class EngineCore:
             prompt_tokens=seq.num_prompt_tokens,
             cached_tokens=seq.num_cached_tokens,
             stop_reason=seq.stop_reason,
+            error=seq.error,
         )
 
 

@@ -20,11 +20,12 @@ class StepOutput:
     index: int  # which of the request's n sequences
     new_token_ids: list[int]
     text_delta: str
-    finish_reason: str | None = None  # "stop" | "length" | "abort" once finished
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" once finished
     logprobs: list[TokenLogprob] | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     stop_reason: str | int | None = None  # the stop string or token id that ended it
+    error: str | None = None  # with finish_reason "error": what failed for this sequence alone
 
 
 @dataclass

@@ -3,6 +3,7 @@ then greedy or temperature / top-k / top-p / min-p sampling, and logprobs."""
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import Counter
 from typing import TYPE_CHECKING, NamedTuple
@@ -16,6 +17,8 @@ from kernels import dispatch as ops
 
 if TYPE_CHECKING:
     from engine.device_masks import DeviceMasks
+
+log = logging.getLogger("chatloom.engine")
 
 
 class Sampler:
@@ -71,41 +74,47 @@ class Sampler:
         the fused sampler."""
         self._deferred = None
         fills: dict[object, list] = {}  # batch filler (None: row by row) -> [(constraint, row, budget)]
+        owners: dict[int, Sequence] = {}  # id(constraint) -> its sequence, to blame a failed fill
         for i, seq in enumerate(seqs):
-            if seq.is_finished or (not seq.edits_logits and seq.constraint is None):
+            if seq.is_finished or seq.error is not None or (not seq.edits_logits and seq.constraint is None):
                 continue
             p = seq.params
-            if logits.dtype != torch.float32 and (p.logit_bias or p.needs_penalties or p.logits_processors):
-                logits = logits.float()  # the first row that edits values: -inf set so far is kept
-            if p.logit_bias:
-                ids = host_to_device(list(p.logit_bias), torch.long, logits.device)
-                logits[i, ids] += host_to_device(list(p.logit_bias.values()), logits.dtype, logits.device)
-            if p.needs_penalties:
-                _apply_penalties(logits[i], seq, p)
-            if p.min_tokens and seq.num_output_tokens < p.min_tokens:
-                banned = self.eos_token_ids + list(p.stop_token_ids)
-                if banned:
-                    logits[i, host_to_device(banned, torch.long, logits.device)] = float("-inf")
-            for proc in p.logits_processors:
-                logits[i] = proc(seq.output_token_ids, logits[i])
+            try:
+                if logits.dtype != torch.float32 and (
+                    p.logit_bias or p.needs_penalties or p.logits_processors
+                ):
+                    logits = logits.float()  # the first row that edits values: -inf set so far is kept
+                if p.logit_bias:
+                    ids = host_to_device(list(p.logit_bias), torch.long, logits.device)
+                    logits[i, ids] += host_to_device(list(p.logit_bias.values()), logits.dtype, logits.device)
+                if p.needs_penalties:
+                    _apply_penalties(logits[i], seq, p)
+                if p.min_tokens and seq.num_output_tokens < p.min_tokens:
+                    banned = self.eos_token_ids + list(p.stop_token_ids)
+                    if banned:
+                        logits[i, host_to_device(banned, torch.long, logits.device)] = float("-inf")
+                for proc in p.logits_processors:
+                    logits[i] = proc(seq.output_token_ids, logits[i])
+            except Exception as exc:  # this row's own edits: it fails alone, its token is dropped
+                fail_sequence(seq, "processing its logits", exc)
+                continue
             c = seq.constraint
             if c is not None:
+                owners[id(c)] = seq
                 fills.setdefault(getattr(c, "fill_bitmasks", None), []).append((c, i, _remaining_tokens(seq)))
         if fills and self.device_masks is not None and self._fusable(logits, seqs):
-            self._deferred = self._device_masks(fills, len(seqs))
+            self._deferred = self._device_masks(fills, len(seqs), owners)
         elif fills:
             bitmask = self._bitmask_for(len(seqs))
             bitmask.fill_(-1)
             for fill, rows in fills.items():
-                if fill is not None:
-                    fill(bitmask, rows)  # the whole group at once (e.g. in parallel, without the GIL)
-                else:
-                    for constraint, row, budget in rows:
-                        constraint.fill_bitmask(bitmask, row, budget)
+                _fill_rows(fill, bitmask, rows, owners)
             ops.apply_token_bitmask_(logits, bitmask.to(logits.device, non_blocking=True))
         return logits
 
-    def _device_masks(self, fills: dict[object, list], batch: int) -> torch.Tensor:
+    def _device_masks(
+        self, fills: dict[object, list], batch: int, owners: dict[int, Sequence]
+    ) -> torch.Tensor:
         """The rows of `fills` on the device: cached rows by key, the others computed into staging
         rows and uploaded. Returns the (batch,) int32 device index of each row's mask (-1: none)."""
         dm = self.device_masks
@@ -135,13 +144,9 @@ class Sampler:
         if computed:
             staging.fill_(-1)
             for fill, items in todo.items():
-                if fill is not None:
-                    fill(staging, items)
-                else:
-                    for constraint, row, budget in items:
-                        constraint.fill_bitmask(staging, row, budget)
+                _fill_rows(fill, staging, items, owners)
         # a row is cached only if it still has its key once computed (its matcher did not fail)
-        keep = [(local, key) for local, key, c, budget in keys if c.mask_key(budget) == key]
+        keep = [(local, key) for local, key, c, budget in keys if _same_key(c, budget, key, owners)]
         return dm.upload(rows, computed, keep)
 
     def _temps_for(self, seqs: list[Sequence]) -> torch.Tensor:
@@ -170,7 +175,36 @@ class Sampler:
     ) -> torch.Tensor:
         """(batch, vocab) processed logits (float32 or the model's dtype) -> (batch,) token ids. static:
         the whole buffer that logits leads, when it is a decode graph's output (the fused sampler then
-        replays a graph)."""
+        replays a graph).
+
+        When the batch cannot be sampled, each row is sampled alone to find the rows that fail:
+        those sequences fail alone (their token, 0, is dropped) and the others keep theirs. Only a
+        failure of every row is raised (then the cause is not one request)."""
+        mask_rows = self._deferred
+        try:
+            return self._sample_batch(logits, seqs, static)
+        except Exception as exc:
+            if len(seqs) <= 1:
+                raise
+            error = exc
+        tokens = []
+        failed = 0
+        for i, seq in enumerate(seqs):
+            self._deferred = mask_rows[i : i + 1] if mask_rows is not None else None
+            try:
+                tokens.append(self._sample_batch(logits[i : i + 1], [seq], None).view(1))
+            except Exception as exc:
+                self._deferred = None
+                failed += 1
+                fail_sequence(seq, "sampling", exc)
+                tokens.append(torch.zeros(1, dtype=torch.long, device=logits.device))
+        if failed == len(seqs):
+            raise error
+        return torch.cat(tokens)
+
+    def _sample_batch(
+        self, logits: torch.Tensor, seqs: list[Sequence], static: torch.Tensor | None
+    ) -> torch.Tensor:
         mask_rows, self._deferred = self._deferred, None
         if mask_rows is None and all(s.params.greedy for s in seqs):
             return logits.argmax(dim=-1)
@@ -200,6 +234,50 @@ class Sampler:
                 host_to_device(greedy, torch.bool, logits.device), logits.argmax(dim=-1), sampled
             )
         return sampled
+
+
+def fail_sequence(seq: Sequence, stage: str, exc: BaseException) -> None:
+    """Mark one sequence failed (the engine ends it with finish_reason "error" after this step's
+    sampling); its message names what failed and is what its client sees."""
+    if seq.error is None:
+        log.warning("request %s (sample %d) failed while %s: %r", seq.request_id, seq.index, stage, exc)
+        seq.error = f"failed while {stage}: {type(exc).__name__}: {exc}"
+
+
+def _fill_rows(fill, bitmask: torch.Tensor, rows: list, owners: dict[int, Sequence]) -> None:
+    """Grammar masks of one group of rows: (constraint, row, budget) each. The group's shared filler
+    goes first; when it raises, every row is filled alone so that only the failing ones are blamed.
+    A failed row is left all-allowed (its token is dropped)."""
+    if fill is not None:
+        try:
+            fill(bitmask, rows)  # the whole group at once (e.g. in parallel, without the GIL)
+            return
+        except Exception:
+            log.warning("a batched grammar mask fill failed; filling its %d rows one by one", len(rows))
+            for _, row, _ in rows:
+                bitmask[row] = -1
+    for constraint, row, budget in rows:
+        try:
+            constraint.fill_bitmask(bitmask, row, budget)
+        except Exception as exc:
+            bitmask[row] = -1
+            seq = owners.get(id(constraint))
+            if seq is None:
+                raise
+            fail_sequence(seq, "computing its grammar mask", exc)
+
+
+def _same_key(constraint, budget: int, key: object, owners: dict[int, Sequence]) -> bool:
+    seq = owners.get(id(constraint))
+    if seq is not None and seq.error is not None:
+        return False
+    try:
+        return constraint.mask_key(budget) == key
+    except Exception as exc:
+        if seq is None:
+            raise
+        fail_sequence(seq, "computing its grammar mask", exc)
+        return False
 
 
 def _plain(seq: Sequence) -> bool:
@@ -237,7 +315,8 @@ def _filter(probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         sorted_p, idx = probs.sort(dim=-1, descending=True)
         keep = torch.ones_like(sorted_p, dtype=torch.bool)
         if any(k > 0 for k in top_k):
-            ks = host_to_device([k if k > 0 else probs.shape[-1] for k in top_k], torch.long, probs.device)
+            vocab = probs.shape[-1]
+            ks = host_to_device([min(k, vocab) if k > 0 else vocab for k in top_k], torch.long, probs.device)
             keep &= torch.arange(probs.shape[-1], device=probs.device)[None, :] < ks[:, None]
         if any(p < 1.0 for p in top_p):
             ps = host_to_device(top_p, probs.dtype, probs.device)

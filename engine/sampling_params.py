@@ -2,9 +2,35 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MAX_LOGPROBS = 20  # top logprobs per token (OpenAI's bound)
+MAX_LOGIT_BIAS = 100.0  # OpenAI's bound on each logit_bias value
+
+
+def _int(name: str, value: Any, low: int | None = None, high: int | None = None) -> None:
+    # bool is an int subclass: True is not a count
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        lo = "" if low is None else f">= {low}"
+        hi = "" if high is None else f"<= {high}"
+        raise ValueError(f"{name} must be {' and '.join(x for x in (lo, hi) if x)}, got {value}")
+
+
+def _float(name: str, value: Any, low: float | None = None, high: float | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}")
+    if low is not None and high is not None and not low <= value <= high:
+        raise ValueError(f"{name} must be in [{low:g}, {high:g}], got {value}")
+    if low is not None and value < low:
+        raise ValueError(f"{name} must be >= {low:g}, got {value}")
 
 
 class TokenConstraint(Protocol):
@@ -60,29 +86,49 @@ class SamplingParams:
     constraint: ConstraintFactory | None = None
 
     def __post_init__(self) -> None:
+        """Every numeric field checked against its bounds here, so that nothing out of range reaches
+        a kernel (a ValueError names the field; the app answers it with a 400). Bounds that need the
+        model (top_k and token ids against the vocabulary) are checked by EngineCore.add_request."""
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
         self.stop = [s for s in self.stop if s]
-        if self.n < 1:
-            raise ValueError(f"n must be >= 1, got {self.n}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        _int("n", self.n, 1)
+        _float("temperature", self.temperature, 0.0)
+        _float("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k == 0 or self.top_k < -1:
+        _int("top_k", self.top_k, -1, INT64_MAX)  # at most the vocabulary: check_vocab
+        if self.top_k == 0:
             raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        _float("min_p", self.min_p, 0.0, 1.0)
+        _float("repetition_penalty", self.repetition_penalty)
         if self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if not -2.0 <= self.frequency_penalty <= 2.0:
-            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
-        if not -2.0 <= self.presence_penalty <= 2.0:
-            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
+        _float("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        _float("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        if self.max_tokens is not None:
+            _int("max_tokens", self.max_tokens, 1)
+        _int("min_tokens", self.min_tokens, 0)
+        if self.logprobs is not None:
+            _int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if self.seed is not None:
+            _int("seed", self.seed, INT64_MIN, INT64_MAX)
+        for t in self.stop_token_ids:
+            _int("stop_token_ids", t, INT64_MIN, INT64_MAX)  # the vocabulary: check_vocab
+        for t, bias in self.logit_bias.items():
+            _int("logit_bias", t, INT64_MIN, INT64_MAX)
+            _float("logit_bias", bias, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """The bounds that depend on the model: top_k and every token id within the vocabulary."""
+        if self.top_k > vocab_size:
+            raise ValueError(f"top_k must be at most the vocabulary size {vocab_size}, got {self.top_k}")
+        for name, ids in (("logit_bias", self.logit_bias), ("stop_token_ids", self.stop_token_ids)):
+            bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+            if bad is not None:
+                raise ValueError(f"{name} token id {bad} is outside the vocabulary (0..{vocab_size - 1})")
 
     @property
     def greedy(self) -> bool:

@@ -47,6 +47,7 @@ class Sequence:
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at admission
         self.finish_reason: str | None = None
+        self.error: str | None = None  # why this sequence failed alone (finish_reason "error")
         self.stop_reason: str | int | None = None
         self.num_preemptions = 0
         self.pending_row = -1  # row of its last token in the in-flight step's sampled ids
