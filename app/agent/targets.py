@@ -121,9 +121,7 @@ class TargetPolicy:
         if not self.host_allowed(host):
             raise TargetRefused(f"the host {host!r} is not in CHATLOOM_WEBHOOK_ALLOWED_HOSTS")
         try:
-            infos = await asyncio.get_running_loop().getaddrinfo(
-                host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
-            )
+            infos = await _getaddrinfo(host, port)
         except (socket.gaierror, UnicodeError) as exc:
             raise TargetRefused(f"the host {host!r} does not resolve: {exc}") from exc
         addresses: list[str] = []
@@ -137,6 +135,12 @@ class TargetPolicy:
         if not addresses:
             raise TargetRefused(f"the host {host!r} has no address")
         return addresses
+
+
+async def _getaddrinfo(host: str, port: int) -> list[tuple]:
+    return await asyncio.get_running_loop().getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+    )
 
 
 def _private(host: str, ip: object) -> str:
