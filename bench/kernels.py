@@ -722,11 +722,8 @@ def sweep_tail(dtype, device, reps: int = 10) -> None:
         a, res = _randn(m, width, dtype=dtype, device=device), _randn(m, HIDDEN, dtype=dtype, device=device)
         expect, _ = ref.decode_layer_tail(a.float(), res.float(), ref.TailWeights(*(
             t.float() if isinstance(t, torch.Tensor) else t for t in ws[0])))  # fmt: skip
-        saved, ops.DECODE_TAIL = ops.DECODE_TAIL, False
-        try:
-            t_ops = _streamed(lambda i, a=a, res=res: ops.decode_layer_tail(a, res, ws[i]), copies, reps)
-        finally:
-            ops.DECODE_TAIL = saved
+        by_op = lambda i, a=a, res=res: ops.decode_layer_tail_by_op(a, res, ws[i])
+        t_ops = _streamed(by_op, copies, reps)
         staged = lambda i, a=a, res=res: decode_layer_tail(a, res, ws[i], fused=False)
         t_staged = _streamed(staged, copies, reps)
         results = []

@@ -17,11 +17,11 @@ PACKAGES = ("kernels", "engine", "grammar", "bench")
 
 
 def parse(spec: str) -> tuple[str, str, object]:
-    """'kernels.dispatch.DECODE_TAIL=False' -> ('kernels.dispatch', 'DECODE_TAIL', False)."""
+    """'kernels.pdl.PDL=False' -> ('kernels.pdl', 'PDL', False)."""
     target, sep, text = spec.partition("=")
     module, _, name = target.strip().rpartition(".")
     if not sep or not module or not name:
-        example = "kernels.dispatch.DECODE_TAIL=False"
+        example = "kernels.pdl.PDL=False"
         raise ValueError(f"--set {spec!r}: expected module.NAME=value, e.g. {example}")
     if module.split(".")[0] not in PACKAGES:
         raise ValueError(f"--set {spec!r}: only switches of {', '.join(PACKAGES)} modules")

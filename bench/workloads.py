@@ -439,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and K/V streaming time",
     )
     bench_switches.add_option(
-        p, "flip a module-level switch for this run, e.g. kernels.dispatch.DECODE_TAIL=False (repeatable)"
+        p, "flip a module-level switch for this run, e.g. kernels.pdl.PDL=False (repeatable)"
     )
     return p
 

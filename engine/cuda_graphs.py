@@ -86,15 +86,14 @@ class _TokenGraphs:
 # Decode steps of at most this many sequences are also captured with the fused sampler after the
 # forward, when the engine samples in graphs: a plain step (no logit edits, masks, filters, seeds or
 # logprobs) is then one replay that leaves its tokens in `tokens`, where the next step's first launch
-# reads those still in flight. H200, one machine session each pair: W3 (batch 1) 1,255 / 1,273 tok/s
-# against 1,245 without; W1 (batch 32) 20,207 against 20,455 without, hence small batches only.
+# reads those still in flight. Small batches only: at wide batches the separate sampler measured faster
+# (docs/performance.md).
 STEP_GRAPH_MAX_SIZE = 8
 # Step graphs exchange a step with the host through pinned memory the device reads and writes itself:
 # the host writes the step's inputs into a ring row that the graph's first launch reads
 # (kernels.step_inputs.mapped_step_inputs), and the graph's last launch writes the tokens into a ring
 # row that the host reads once the replay's event fired (kernels.publish). No copies run around the
-# replay. H200 W3, two pairs on one machine: 1,266 / 1,266 tok/s against 1,255 / 1,255 with the copies.
-MAPPED_IO = True
+# replay.
 MAPPED_SLOTS = 4  # the host reads replay k's tokens before it launches replay k + 2
 
 
@@ -141,8 +140,8 @@ class DecodeGraphs(_TokenGraphs):
         self.step_graphs = {}
         samples = sample_seed is not None
         self.step_sizes = [s for s in self.sizes if s <= STEP_GRAPH_MAX_SIZE and samples]
-        self.host_ring = None  # MAPPED_IO: (MAPPED_SLOTS, n) pinned int64, the step graphs' tokens
-        if MAPPED_IO and self.step_sizes:
+        self.host_ring = None  # (MAPPED_SLOTS, n) pinned int64, the step graphs' tokens
+        if self.step_sizes:
             pinned = device.type == "cuda"
             ring = lambda width, dtype: torch.zeros((MAPPED_SLOTS, width), dtype=dtype, pin_memory=pinned)
             self.host_ring = ring(n, torch.int64)
@@ -222,7 +221,7 @@ class DecodeGraphs(_TokenGraphs):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Replays the step graph of the size bs pads to: forward and sampling. Returns the (bs,) int64
         sampled ids (the leading entries of `tokens`), valid until the next replay of any step graph
-        (what reads them is queued before it), and with MAPPED_IO their row of the pinned host
+        (what reads them is queued before it), and their row of the pinned host
         ring, filled once the replay has run (the host reads it before its next-but-one replay)."""
         if temps is not self._temps_src:  # a steady batch keeps its temperatures: no copy
             self.temps[:bs].copy_(temps)

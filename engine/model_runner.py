@@ -120,7 +120,7 @@ class ModelRunner:
         a host copy that only learns the blocks gained since the last step. Tokens still in flight
         come from `pending` (the previous step's sampled ids on the device); with defer_pending they
         are filled in later by `run` (the previous step's sampling is not launched yet). mapped: a step
-        for a step graph that reads its inputs from pinned memory (cuda_graphs.MAPPED_IO)."""
+        for a step graph, which reads its inputs from pinned memory (cuda_graphs.DecodeGraphs)."""
         if self._staging is None:
             self._tables = BlockTables(2 * self.config.max_num_seqs)
             self._staging = Staging(self.device)
@@ -326,7 +326,7 @@ class ModelRunner:
         pinned host row or None))."""
         if temps is None:
             return (*self.run(batch, self.prepare(batch, pending)), None)
-        # MAPPED_IO: the step graphs read their inputs from pinned memory
+        # the step graphs read their inputs from pinned memory
         step = self.prepare(batch, pending, mapped=self.graphs.host_ring is not None)
         return None, step.sampling, self.run_sampled(len(batch.seqs), temps)
 

@@ -261,7 +261,7 @@ def _decode_tail_kernel(
             tl.store(bar_ptr + 1, 0)
 
 
-COOPERATIVE = True  # launch the fused grid cooperatively where this Triton can (residency guaranteed)
+# the fused grid is launched cooperatively where this Triton can (residency guaranteed)
 
 
 @functools.cache
@@ -362,7 +362,7 @@ def _tail_launch(a: torch.Tensor, residual: torch.Tensor, w: TailWeights, interp
 
 
 def _cooperative() -> dict:
-    return {"launch_cooperative_grid": True} if COOPERATIVE and _cooperative_supported() else {}
+    return {"launch_cooperative_grid": True} if _cooperative_supported() else {}
 
 
 def _mode(a: torch.Tensor, config: TailConfig | None, fused: bool | None):

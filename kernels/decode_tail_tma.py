@@ -5,17 +5,18 @@ One program per SM (P of them, 16 warps) owns whole rows of each weight. Stage 1
 is loaded into registers; the slices of stages 2-4 (gate_up, down, the next qkv: ~208 KB a program at
 the Qwen3-0.6B shapes) arrive as TMA copies into shared memory, one mbarrier per box, so a stage starts
 on a box as soon as that box has landed. The next qkv's boxes land in gate_up's buffers once stage 2 has
-read them (ALIAS_QKV: 144 KB of buffers), leaving room on the SM for a decode attention program. The
+read them (TmaPlan.alias: 144 KB of buffers), leaving room on the SM for a decode attention program. The
 copies run beside the program's own loads and stores: a grid barrier's release fence does not wait for
 them (kernels.decode_tail's weights, held in registers, drain at every barrier).
 
 What the launch's time depends on, measured with `python -m bench.tail_timeline --tma` on the H200: a
 load issued while copies are queued waits behind them, whether it reads HBM or L2 (the stage inputs,
-the barrier's counter). So the copies are issued as late as they can still land in time (SCHEDULE):
-gate_up's after stage 1's weights and input were asked for, down's and the next qkv's once the stage
-before them has read its input. And every value a stage reads that other programs wrote (a few KB) is
-read once per program and handed to the warps through shared memory (`_broadcast`): read by every
-warp, 128 programs x 16 warps asking for the same L2 lines took ~4 us a stage instead of ~0.7.
+the barrier's counter). So the copies are issued as late as they can still land in time: gate_up's
+after stage 1's weights and input were asked for, down's and the next qkv's once the stage before them
+has read its input (issuing all of them at the start, gate_up's after stage 1 or before the PDL wait,
+or the next qkv's earlier measured slower: docs/performance.md). And every value a stage reads that
+other programs wrote (a few KB) is read once per program and handed to the warps through shared memory
+(`_broadcast`): 128 programs x 16 warps asking for the same L2 lines cost several times more a stage.
 
 The stages, the grid barriers (an arrival counter) and the rounding points are those of
 kernels.decode_tail. Shapes: weights are viewed as (N, K / 256, 256) and copied in boxes of (rows,
@@ -46,22 +47,11 @@ _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 CHUNK = 256  # elements in the inner box dimension (TMA's largest)
 SHARED_LIMIT = 227 << 10  # dynamic shared memory a program may hold on sm_90
 NUM_WARPS = 16
-# when the copies are issued (a load issued while copies are queued waits behind them): 0 all at the
-# start; 2 gate_up's at the start, down's and the next qkv's each once the stage before has read its
-# input; 3 as 2 but gate_up's once stage 1 has stored its output. H200, `python -m bench.kernels
-# --sweep-tail`'s TMA line and W3: 2 17.3 us a layer, W3 1,200-1,211 tok/s; 3 17.9 us; 0 18.3-18.5 us;
-# issuing the next qkv's earlier (with down's once stage 2 has read its input: 18.0 us, W3 1,163; with
-# gate_up's and down's at the start: 18.5 us, W3 1,108) is slower; 4 as 2 but gate_up's before the wait
-# for the kernel before (kernels.pdl)
-SCHEDULE = 2
-# the next qkv's boxes copied into gate_up's buffers once stage 2 is done with them (SCHEDULE >= 2 issues
-# them after the barrier that follows stage 2): 152 KB of shared memory a program instead of 216 KB, so a
-# decode attention program (kernels.paged_attention.PEEL_TILE: 20 KB, 126 registers beside the tail's 86)
+# The next qkv's boxes are copied into gate_up's buffers once stage 2 is done with them (they are issued
+# after the barrier that follows stage 2) where the plan allows it (TmaPlan.alias): 152 KB of shared
+# memory a program instead of 216 KB, so a decode attention program (kernels.paged_attention.PEEL_TILE)
 # fits beside it on the SM: the next layer's attention is resident, its first K/V tile asked for, while
-# the tail runs, and the next tail's programs land beside the attention's. H200, W3 with 32-key attention
-# tiles: 1,319 / 1,320 against 1,286 with `--set kernels.decode_tail_tma.ALIAS_QKV=False` (sixteenth
-# session, separate machine sessions)
-ALIAS_QKV = True
+# the tail runs, and the next tail's programs land beside the attention's.
 
 
 @gluon.jit
@@ -256,9 +246,8 @@ def _tail_tma_kernel(
     F_H: gl.constexpr,
     F_D: gl.constexpr,
     TRACE: gl.constexpr,  # timestamps at POINTS
-    SCHEDULE: gl.constexpr,  # when the copies are issued (see SCHEDULE)
     PDL: gl.constexpr,  # launched with programmatic dependent launch (kernels.pdl)
-    ALIAS: gl.constexpr,  # the next qkv's boxes land in gate_up's buffers (ALIAS_QKV; Q_BR == GU_BR)
+    ALIAS: gl.constexpr,  # the next qkv's boxes land in gate_up's buffers (TmaPlan.alias; Q_BR == GU_BR)
 ):
     _gdc("griddepcontrol.launch_dependents", PDL)
     dt: gl.constexpr = a_ptr.dtype.element_ty
@@ -286,17 +275,10 @@ def _tail_tma_kernel(
     # stage 1's weights and input first (nothing queued ahead of them), then the copies stream the later
     # stages' weights while stage 1 runs
     w1 = _o_slice(wo_ptr, pid, A, R1, L_O)
-    if SCHEDULE == 4:  # gate_up's copies stream while the kernel before finishes (PDL)
-        _issue_range(0, D0, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
-                     D_NKB, D_BR, D_C, Q_NRB, Q_BR)  # fmt: skip
     _gdc("griddepcontrol.wait", PDL)  # what the kernels before wrote: a, the residual, the counters
     a_in = gl.load(a_ptr + _offsets(0, A // 256, F_A))
-    if SCHEDULE == 0:
-        _issue_range(0, Q0 + NQB, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
-                     D_NKB, D_BR, D_C, Q_NRB, Q_BR)  # fmt: skip
-    if SCHEDULE == 2:
-        _issue_range(0, D0, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
-                     D_NKB, D_BR, D_C, Q_NRB, Q_BR)  # fmt: skip
+    _issue_range(0, D0, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
+                 D_NKB, D_BR, D_C, Q_NRB, Q_BR)  # fmt: skip
     # what the stages read that no stage writes
     hoffs = _offsets(0, KH, F_H)
     res = gl.load(res_ptr + hoffs)
@@ -307,9 +289,6 @@ def _tail_tma_kernel(
     # stage 1: o = a @ Wo^T
     x1 = _broadcast(a_in, L_O)
     gl.store(o_ptr + pid * R1 + _rows_arange(R1, L_O), _tile_dot(w1, x1).to(dt))
-    if SCHEDULE == 3:
-        _issue_range(0, D0, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
-                     D_NKB, D_BR, D_C, Q_NRB, Q_BR)  # fmt: skip
     _stamp(trace_ptr, pid, 1, TRACE)
     _grid_sync(bar_ptr, P)
     _stamp(trace_ptr, pid, 2, TRACE)
@@ -318,9 +297,8 @@ def _tail_tma_kernel(
     h, x2 = _add_norm(o_ptr, res, n2, h_ptr, eps2, pid == 0, H, F_H)
     x2 = _broadcast(x2, L_GU)
     _stamp(trace_ptr, pid, 3, TRACE)
-    if SCHEDULE >= 2:
-        _issue_range(D0, Q0, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
-                     D_NKB, D_BR, D_C, Q_NRB, Q_BR)  # fmt: skip
+    _issue_range(D0, Q0, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
+                 D_NKB, D_BR, D_C, Q_NRB, Q_BR)  # fmt: skip
     _row_boxes_stage(gu_bufs, bars, 0, x2, gu_ptr, pid, GU_NRB, GU_BR, L_GU, GU_CHUNKS_FIRST,
                      trace_ptr, 4, TRACE)  # fmt: skip
     _stamp(trace_ptr, pid, 5, TRACE)
@@ -335,11 +313,10 @@ def _tail_tma_kernel(
         x32 = _silu_input(gu_ptr, 2 * D_C * 256, INTER, D_C, F_D, L_D)
     if D_NKB > 3:
         x33 = _silu_input(gu_ptr, 3 * D_C * 256, INTER, D_C, F_D, L_D)
-    if SCHEDULE >= 2:
-        if ALIAS:  # gate_up's buffers, read by every warp before the barrier, are overwritten by the copies
-            fence_async_shared()
-        _issue_range(Q0, Q0 + NQB, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
-                     D_NKB, D_BR, D_C, Q_NRB, Q_BR)  # fmt: skip
+    if ALIAS:  # gate_up's buffers, read by every warp before the barrier, are overwritten by the copies
+        fence_async_shared()
+    _issue_range(Q0, Q0 + NQB, pid, gu_desc, d_desc, q_desc, gu_bufs, d_bufs, q_bufs, bars, GU_NRB, GU_BR,
+                 D_NKB, D_BR, D_C, Q_NRB, Q_BR)  # fmt: skip
     mbarrier.wait(bars.index(D0), 0)
     _stamp(trace_ptr, pid, 7, TRACE)
     acc = _tile_dot(d_bufs.index(0).load(L_D), x30)
@@ -379,7 +356,7 @@ class TmaPlan(NamedTuple):
     down: tuple[int, int, int]  # (rows, K boxes, chunks a box)
     qkv: tuple[int, int]  # (row boxes, rows a box)
     shared: int  # bytes of shared memory for the copies
-    alias: bool = False  # the next qkv's boxes in gate_up's buffers (ALIAS_QKV)
+    alias: bool = False  # the next qkv's boxes in gate_up's buffers
 
 
 def _row_boxes(rows: int) -> tuple[int, int] | None:
@@ -486,8 +463,7 @@ def _sms(index: int | None) -> int:
 def _plan_for(w: TailWeights, device: torch.device) -> TmaPlan | None:
     sms = _sms(device.index) if device.type == "cuda" else 132  # no GPU: the H200's, to compile
     nq = w.qkv_next.shape[0] if w.qkv_next is not None else None
-    alias = ALIAS_QKV and SCHEDULE >= 2
-    return plan(w.o.shape[0], w.o.shape[1], w.down.shape[1], nq, sms, alias=alias) if sms else None
+    return plan(w.o.shape[0], w.o.shape[1], w.down.shape[1], nq, sms, alias=True) if sms else None
 
 
 def launch_args(a: torch.Tensor, residual: torch.Tensor, w: TailWeights, p: TmaPlan,
@@ -516,7 +492,7 @@ def launch_args(a: torch.Tensor, residual: torch.Tensor, w: TailWeights, p: TmaP
         L_GU=_tile_layout(gu_br, h_size // CHUNK), L_D=_tile_layout(d_rows, d_c),
         L_Q=_tile_layout(q_br, h_size // CHUNK), F_A=_flat(a_width // CHUNK), F_H=_flat(h_size // CHUNK),
         F_D=_flat(d_c), TRACE=trace is not None,
-        SCHEDULE=SCHEDULE, num_warps=NUM_WARPS, PDL=overlap, ALIAS=p.alias, **pdl.launch_kwargs(overlap),
+        num_warps=NUM_WARPS, PDL=overlap, ALIAS=p.alias, **pdl.launch_kwargs(overlap),
     )  # fmt: skip
     result = (qkv, h2) if has_next else (y, h)
     return (p.programs,), args, kwargs, result

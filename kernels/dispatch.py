@@ -351,13 +351,6 @@ def add_rms_norm_linear(
     return linear(h, weight, bias), residual
 
 
-# the first layer's embedding gather, RMSNorm and qkv projection in one launch where the GEMV takes the
-# batch; with PDL (kernels.pdl) that launch starts during the step graph's input launch, its weights read
-# before it waits for the ids. H200 W3, one machine session: 1,275 / 1,277 tok/s against 1,274 / 1,273
-# with the embedding and the first projection apart
-EMBED_GEMV = True
-
-
 def embed_rms_norm_linear(
     ids: torch.Tensor,  # (M,) int64 token ids
     table: torch.Tensor,  # (vocab, K): the embedding
@@ -369,9 +362,10 @@ def embed_rms_norm_linear(
     """A first layer's input: (linear(rms_norm(table[ids])), table[ids]). One launch where the Triton
     GEMV takes the batch (kernels.gemv.embed_rms_norm_gemv), else the embedding, then
     add_rms_norm_linear."""
+    # with PDL (kernels.pdl) the one launch starts during the step graph's input launch, its weights read
+    # before it waits for the ids
     if (
-        EMBED_GEMV
-        and _gemv_fits(table, weight, bias)
+        _gemv_fits(table, weight, bias)
         and norm_weight.dtype == table.dtype
         and ids.dim() == 1
         and ids.dtype == torch.int64
@@ -385,15 +379,10 @@ def embed_rms_norm_linear(
     return add_rms_norm_linear(x, None, norm_weight, eps, weight, bias)
 
 
-DECODE_TAIL = True  # the one-launch layer tail at batch 1 on CUDA (kernels.decode_tail); False: per op
-# that tail with its weights copied in by TMA (kernels.decode_tail_tma) where it fits: W3 1,200-1,211
-# tok/s against 1,176-1,187 with kernels.decode_tail (H200, pairs on one machine)
-DECODE_TAIL_TMA = True
-
-
 def _tail_tma(x: torch.Tensor, w: ref.TailWeights):
-    """kernels.decode_tail_tma where it takes this batch (Hopper, Gluon, shapes that divide), else None."""
-    if not (DECODE_TAIL_TMA and DECODE_TAIL and use_triton(x) and x.dim() == 2):
+    """kernels.decode_tail_tma where it takes this batch (Hopper, Gluon, shapes that divide), else None
+    (kernels.decode_tail stays the fallback: GPUs before Hopper, a Triton without Gluon)."""
+    if not (use_triton(x) and x.dim() == 2):
         return None
     try:
         from kernels import decode_tail_tma
@@ -404,7 +393,7 @@ def _tail_tma(x: torch.Tensor, w: ref.TailWeights):
 
 def _tail_fused(x: torch.Tensor, w: ref.TailWeights) -> bool:
     """Whether decode_layer_tail runs the one-launch kernel for a batch shaped like x (M, .)."""
-    if not (DECODE_TAIL and use_triton(x) and x.dim() == 2):
+    if not (use_triton(x) and x.dim() == 2):
         return False
     from kernels import decode_tail
 
@@ -427,7 +416,15 @@ def decode_layer_tail(
         from kernels import decode_tail
 
         return decode_tail.decode_layer_tail(a, residual, w)
-    o = linear(a, w.o, w.o_bias)  # (the references on the CPU: reference.decode_layer_tail's steps)
+    return decode_layer_tail_by_op(a, residual, w)
+
+
+def decode_layer_tail_by_op(
+    a: torch.Tensor, residual: torch.Tensor, w: ref.TailWeights
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """decode_layer_tail as the ops one by one (on the CPU the references: reference.decode_layer_tail's
+    steps)."""
+    o = linear(a, w.o, w.o_bias)
     gate_up, residual = add_rms_norm_linear(o, residual, w.norm2, w.eps2, w.gate_up, w.gate_up_bias)
     y = silu_and_mul_linear(gate_up, w.down, w.down_bias)
     if w.qkv_next is None:
@@ -440,14 +437,13 @@ def decode_layer_tail(
 # launch. The o and down GEMMs add into the residual stream (beta = 1), gate_up and the next qkv read it
 # un-normalized, and the launch after each (the SiLU-and-mul, the next layer's decode attention) multiplies
 # by 1 / rms of the row (reference.row_scaled). From FOLD_MIN_M rows: below, the GEMV takes o_proj.
-FOLDED_TAIL = True
 FOLD_MIN_M = 5
 
 
 def folded_tail_fits(m: int, w: ref.TailWeights) -> bool:
     """Whether folded_decode_layer_tail takes a tail of m rows (a layer before the last, no biases)."""
     biases = (w.o_bias, w.gate_up_bias, w.down_bias, w.qkv_next_bias)
-    return FOLDED_TAIL and m >= FOLD_MIN_M and w.qkv_next is not None and all(b is None for b in biases)
+    return m >= FOLD_MIN_M and w.qkv_next is not None and all(b is None for b in biases)
 
 
 def folded_decode_layer_tail(
@@ -468,17 +464,14 @@ def folded_decode_layer_tail(
 # Wide folded decode steps from QKV_EPILOGUE_MIN_M rows: a layer's qkv projection of the residual stream
 # runs the new token's q/k norm, RoPE, row scale and K/V store in its epilogue (kernels.qkv_new_token), and
 # its decode attention only walks the cache, started by programmatic dependent launch while the
-# projection ends (kernels.paged_attention.AFTER_RELEASE_PDL). Below, cuBLAS's projection and the fused
-# attention launch are faster (the Triton GEMM's ~8.5 us against cuBLAS's 5.4-6.4 us outweighs the
-# attention's gain; docs/performance.md). H200, W2: 27,491 / 27,472 tok/s from 33 rows against 27,388 /
-# 27,434 from 65 (runs alternated, one machine session).
-QKV_EPILOGUE = True
+# projection ends. Below, cuBLAS's projection and the fused attention launch are faster (the Triton
+# GEMM's extra time outweighs the attention's gain; docs/performance.md has the measurements).
 QKV_EPILOGUE_MIN_M = 33
 
 
 def qkv_epilogue_fits(x: torch.Tensor, weight: torch.Tensor, head_dim: int) -> bool:
     """Whether qkv_new_token takes the folded projection `weight` of the residual rows x (M, hidden)."""
-    if not (QKV_EPILOGUE and use_triton(x) and x.dim() == 2 and x.shape[0] >= QKV_EPILOGUE_MIN_M):
+    if not (use_triton(x) and x.dim() == 2 and x.shape[0] >= QKV_EPILOGUE_MIN_M):
         return False
     from kernels.qkv_new_token import hopper_or_later, supports
 
@@ -536,22 +529,9 @@ def sample_tokens(
     return tokens if out is None else out.copy_(tokens)
 
 
-# The end of a batch-1 step graph (final norm, lm_head, draw) in one launch, kernels.lm_head_sample.
-# H200 W3, one machine session: 1,255 tok/s, as with the lm_head GEMM and the sampler (1,255); with the
-# launch's programmatic dependent launch on (LM_HEAD_PDL), 1,232.
-LM_HEAD_SAMPLE = True
-LM_HEAD_PDL = False
-
-
 def lm_head_sample_fits(x: torch.Tensor) -> bool:
     """Whether lm_head_sample runs as one Triton launch for hidden states x (batch 1, 16-bit, CUDA)."""
-    return (
-        LM_HEAD_SAMPLE
-        and use_triton(x)
-        and x.dim() == 2
-        and x.shape[0] == 1
-        and x.dtype in (torch.float16, torch.bfloat16)
-    )
+    return use_triton(x) and x.dim() == 2 and x.shape[0] == 1 and x.dtype in (torch.float16, torch.bfloat16)
 
 
 def lm_head_sample(
@@ -572,7 +552,7 @@ def lm_head_sample(
         from kernels.lm_head_sample import lm_head_sample as triton_lm_head_sample
 
         norm = (norm_weight, eps)
-        return triton_lm_head_sample(x, weight, temperatures, seed, out, pdl=LM_HEAD_PDL, residual=residual,
+        return triton_lm_head_sample(x, weight, temperatures, seed, out, residual=residual,
                                      norm=norm, advance_seed=True, publish=publish)  # fmt: skip
     hidden, _ = fused_add_rms_norm(x, residual, norm_weight, eps)
     sample_tokens(linear(hidden, weight), temperatures, seed, out=out)

@@ -30,7 +30,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl as pdl_mod
 from kernels._jit import arrival_counters, interpret_forced, is_interpreting, kernel, next_pow2, recording
 from kernels.paged_attention import _sm_count
 from kernels.publish import ring_target, write_ring_row
@@ -100,7 +99,6 @@ def _lm_head_sample_kernel(
     ADVANCE_SEED: tl.constexpr,  # the last program stores seed + 1 (SEED_PTR)
     PUBLISH: tl.constexpr,  # the last program writes the tokens into the host ring
     SLOTS: tl.constexpr,
-    PDL: tl.constexpr,
     NORM: tl.constexpr,  # the lm_head reads rms_norm(x + residual)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -108,7 +106,6 @@ def _lm_head_sample_kernel(
     BLOCK_P: tl.constexpr,  # >= num_programs
     FAST_LOG: tl.constexpr,  # as kernels.sampling's
 ):
-    pdl_mod.release(PDL)
     pid = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
@@ -120,7 +117,6 @@ def _lm_head_sample_kernel(
     rn = pid * BLOCK_N + rows
     w_next = tl.load(w_ptr + rn.to(tl.int64)[:, None] * stride_w + rk[None, :],
                      mask=(rn < N)[:, None] & inside_k[None, :], other=0.0)  # fmt: skip
-    pdl_mod.wait(PDL)  # x, the residual, the temperatures and the seed may come from the kernels before
     if SEED_PTR:
         seed_now = tl.load(seed)
         key = seed_now.to(tl.int32)
@@ -208,7 +204,6 @@ def lm_head_sample(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_programs: int | None = None,
-    pdl: bool = False,  # launch with programmatic dependent launch where kernels.pdl is enabled
     residual: torch.Tensor | None = None,  # (M, K): the lm_head reads rms_norm(x + residual) ...
     norm: tuple[torch.Tensor, float] | None = None,  # ... with this (K,) weight and eps
     advance_seed: bool = False,  # the seed tensor is incremented once the draw has read it
@@ -237,7 +232,6 @@ def lm_head_sample(
             raise ValueError(f"the norm weight must be ({k},) {x.dtype}, contiguous")
     best_val = torch.empty((m, cfg.num_programs), dtype=torch.float32, device=x.device)
     best_idx = torch.empty((m, cfg.num_programs), dtype=torch.int32, device=x.device)
-    on = pdl and pdl_mod.enabled(x.device)
     _lm_head_sample_kernel[(cfg.num_programs,)](
         x, weight, temperatures, logits_out if logits_out is not None else x, best_val, best_idx,
         arrival_counters("lm_head_sample", 1, x.device), out, seed if seed_ptr else int(seed) & 0x7FFFFFFF,
@@ -247,10 +241,9 @@ def lm_head_sample(
         m, n, k, x.stride(0), weight.stride(0), logits_out.stride(0) if logits_out is not None else 0,
         triton.cdiv(n, cfg.block_n), cfg.num_programs, HAS_LOGITS=logits_out is not None, SEED_PTR=seed_ptr,
         ADVANCE_SEED=advance_seed, PUBLISH=publish is not None,
-        SLOTS=publish[0].shape[0] if publish is not None else 1, PDL=on, NORM=has_norm,
+        SLOTS=publish[0].shape[0] if publish is not None else 1, NORM=has_norm,
         BLOCK_M=next_pow2(m), BLOCK_N=cfg.block_n, BLOCK_K=next_pow2(k),
         BLOCK_P=next_pow2(cfg.num_programs), FAST_LOG=not is_interpreting(x), num_warps=cfg.num_warps,
-        **pdl_mod.launch_kwargs(on),
     )  # fmt: skip
     return out
 

@@ -3,13 +3,9 @@
 F.linear hands a float32 product to oneMKL's SGEMM, which packs the weight operand again on every call:
 at a decode step's 1-16 rows that packing costs as much as the product itself. oneDNN's inner product
 takes a weight reordered ahead of time (`torch.ops.mkldnn._reorder_linear_weight`, the layout
-torch.compile's CPU freezing uses), so each call only streams it. Measured on the 2-core development
-host (µs a call, F.linear against the packed product, C1's tiny Qwen3 shapes; timed one product at a
-time by a script not kept, `chatloom bench --workload c1` with and without `--set
-kernels.onednn.PACKED=False` shows the whole): the 8,192 x 256 lm_head
-774 / 328 at 16 rows, 651 / 90 at 3, 217 / 78 at 1; gate_up (1,536 x 256) 145 / 81 at 16, 123 / 30 at
-3; 10-40% faster at 256 and 2,658 rows too. At one row the small projections (under 256K weights) pay
-oneDNN's ~10 µs of fixed cost and stay on F.linear.
+torch.compile's CPU freezing uses), so each call only streams it (docs/performance.md, C1, has the
+timings). At one row the small projections (under ONE_ROW_MIN_NUMEL weights) pay oneDNN's fixed cost
+per call and stay on F.linear, as does every product where torch has no oneDNN.
 
 The sums run in another order than SGEMM's, so results differ from F.linear's in the last bits (~1e-5
 relative). The packed copy doubles the weights' memory; past MAX_PACKED_BYTES held at once (a copy
@@ -22,8 +18,6 @@ import weakref
 
 import torch
 
-# the CPU's float32 projections through oneDNN with packed weights; False: F.linear (oneMKL)
-PACKED = True
 MAX_PACKED_BYTES = 4 << 30  # packed copies kept in all
 ONE_ROW_MIN_NUMEL = 1 << 18  # a one-row product takes the packed weight from this many weights
 
@@ -43,7 +37,7 @@ def _available() -> bool:
 def packed_weight(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
     """weight packed for oneDNN where this product goes there (float32 on the CPU, 2-D, no autograd, a
     shape it speeds up, within MAX_PACKED_BYTES), else None: what `product` takes."""
-    if not (PACKED and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32):
+    if not (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32):
         return None
     if x.dim() != 2 or weight.dim() != 2 or x.shape[0] == 0 or x.shape[1] != weight.shape[1]:
         return None

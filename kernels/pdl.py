@@ -11,14 +11,9 @@ latency-bound: the next launch's start and its first weight requests overlap the
 
 In a wide folded decode step (kernels.dispatch.QKV_EPILOGUE_MIN_M rows or more) the qkv projection with
 the new token's work (kernels.qkv_new_token) releases its successor at its start, and the decode
-attention after it (kernels.paged_attention.AFTER_RELEASE_PDL) reads its sequence's length, order entry
-and block-table row while the projection runs, then waits for q and the new K/V. The rows' order is
-sorted before the projection (engine.attention.projected_decode_attention), so nothing runs between the
-two. H200, W2: 27,627 / 27,596 tok/s against 27,451 / 27,406 with it off (one machine session), 28,136 /
-28,119 against 27,887 on a faster machine.
-
-The batch-1 end of a step (kernels.lm_head_sample) can launch with it too, its first weight block
-asked before its wait (kernels.dispatch.LM_HEAD_PDL); it is off: W3 measured slower with it.
+attention after it reads its sequence's length, order entry and block-table row while the projection
+runs, then waits for q and the new K/V. The rows' order is sorted before the projection
+(engine.attention.projected_decode_attention), so nothing runs between the two.
 
 Rules every user follows: a kernel launched with `launch_kwargs(True)` waits (`wait`; in the Gluon
 tail, kernels.decode_tail_tma's `_gdc`) before it reads anything an earlier kernel of the step wrote,
@@ -41,7 +36,8 @@ import triton.language as tl
 
 from kernels import _jit
 
-# the batch-1 decode attention and layer tail launched with programmatic dependent launch
+# Module switch (documented in docs/switches.md): False launches every kernel without programmatic
+# dependent launch, the same bits in more time; for debugging a GPU hang or bisecting a wrong result
 PDL = True
 
 

@@ -49,7 +49,6 @@ def _qkv_new_token_kernel(
     HAS_NORM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    ROW_DOT: tl.constexpr,  # 1 / rms from the diagonal of x x^T in the product's loop, not a pass of its own
     TMA: tl.constexpr,  # the product's tiles copied in by TMA (x_desc, w_desc), not gathered by pointers
     RELEASE: tl.constexpr,  # the decode attention after it may start now (kernels.pdl; it waits for q, k, v)
 ):
@@ -63,17 +62,10 @@ def _qkv_new_token_kernel(
     kk = tl.arange(0, BLOCK_K)
     x_p = x_ptr + rows64[:, None] * stride_xm + kk[None, :]  # (BLOCK_M, BLOCK_K)
     w_p = w_ptr + (head * 2 * HALF + jj).to(tl.int64)[:, None] * K + kk[None, :]  # (2 * HALF, BLOCK_K)
-    # 1 / rms of x's rows, for v (and q, k without a norm that cancels it): a pass of its own before the
-    # product (x's tiles summed inside its pipelined loop came out wrong for some tiles on sm_90)
-    if not ROW_DOT:
-        ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        if head >= NUM_HEADS + NUM_KV_HEADS or not HAS_NORM:
-            for c in tl.static_range(0, K, BLOCK_K):
-                xf = tl.load(x_p + c, mask=rm[:, None], other=0.0).to(tl.float32)
-                ss += tl.sum(xf * xf, axis=1)
-        rs = 1.0 / tl.sqrt(ss / K + row_eps)  # (BLOCK_M,)
-    else:
-        gram = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)  # x x^T
+    # 1 / rms of x's rows, for v (and q, k without a norm that cancels it), from the diagonal of x x^T: a
+    # second product in the loop over the same x tiles (a sum of x * x over those tiles inside the
+    # pipelined loop came out wrong for some tiles on sm_90)
+    gram = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, 2 * HALF), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         if TMA:  # rows past M come in as zeros
@@ -83,13 +75,11 @@ def _qkv_new_token_kernel(
             x = tl.load(x_p + k0, mask=rm[:, None], other=0.0)
             w = tl.load(w_p + k0)
         acc = tl.dot(x, tl.trans(w), acc)
-        if ROW_DOT:
-            gram = tl.dot(x, tl.trans(x), gram)
+        gram = tl.dot(x, tl.trans(x), gram)
     # the head's two halves (RoPE pairs column j with j + HALF)
     acc1, acc2 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
-    if ROW_DOT:
-        i = tl.arange(0, BLOCK_M)
-        rs = 1.0 / tl.sqrt(tl.sum(tl.where(i[:, None] == i[None, :], gram, 0.0), axis=1) / K + row_eps)
+    i = tl.arange(0, BLOCK_M)
+    rs = 1.0 / tl.sqrt(tl.sum(tl.where(i[:, None] == i[None, :], gram, 0.0), axis=1) / K + row_eps)
 
     dt = q_ptr.dtype.element_ty
     ct = k_cache_ptr.dtype.element_ty
@@ -134,14 +124,9 @@ def _qkv_new_token_kernel(
             tl.store(dst + HALF, r2.to(ct), mask=sm)
 
 
-# How the programs get 1 / rms of x's rows: "loads" (v heads, and every head without a q/k norm, read x's
-# rows in a pass before the product) or "dot" (every program takes the diagonal of x x^T, a second
-# product in the pipelined loop over the same x tiles; faster on the H200, docs/performance.md).
-ROW_PASS = "dot"
-# How the product's tiles reach shared memory: "pointers" (per-thread asynchronous copies) or "tma" (tensor
-# descriptors of x and the weight, one bulk copy a tile; faster on the H200). x's rows must be 16-byte
-# aligned, on sm_90 or later, for TMA; other x take the pointers.
-LOADS = "tma"
+# The product's tiles reach shared memory by TMA (tensor descriptors of x and the weight, one bulk copy a
+# tile) where x's rows are 16-byte aligned on sm_90 or later; other x take per-thread copies by pointers,
+# the fallback that keeps such views correct.
 # (BLOCK_M, BLOCK_K, warps, stages) by the rows of the step: one program a head and BLOCK_M rows
 CONFIGS = {1 << 30: (64, 64, 4, 6)}
 INTERPRET_CONFIG = (16, 64, 4, 1)
@@ -216,20 +201,16 @@ def qkv_new_token(
     check_new_token_args(x.dtype, m, num_kv_heads, d, *norms, positions, cos_sin, *caches, slot_mapping)
     q = torch.empty(m, num_heads, d, dtype=x.dtype, device=x.device)
     bm, bk, warps, stages = config or pick_config(m, is_interpreting(x))
-    if ROW_PASS not in ("loads", "dot"):
-        raise ValueError(f"ROW_PASS must be 'loads' or 'dot', not {ROW_PASS!r}")
-    if LOADS not in ("pointers", "tma"):
-        raise ValueError(f"LOADS must be 'pointers' or 'tma', not {LOADS!r}")
     if kdim % bk:
         raise ValueError(f"K {kdim} must be a multiple of BLOCK_K {bk}")
     if m:
-        has_norm, tma = q_norm_weight is not None, LOADS == "tma" and _tma_aligned(x)
+        has_norm, tma = q_norm_weight is not None, _tma_aligned(x)
         x_desc, w_desc = _descriptors(x, weight, bm, bk, d) if tma else (x, weight)
         _qkv_new_token_kernel[(heads, triton.cdiv(m, bm))](
             x, weight, q, q_norm_weight if has_norm else cos_sin, k_norm_weight if has_norm else cos_sin,
             positions, cos_sin, k_cache, v_cache, slot_mapping, x_desc, w_desc, m, x.stride(0), eps, row_eps,
             K=kdim, NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HALF=d // 2, HAS_NORM=has_norm,
-            BLOCK_M=bm, BLOCK_K=bk, ROW_DOT=ROW_PASS == "dot", TMA=tma, RELEASE=pdl.enabled(x.device),
+            BLOCK_M=bm, BLOCK_K=bk, TMA=tma, RELEASE=pdl.enabled(x.device),
             num_warps=warps, num_stages=stages,
         )  # fmt: skip
     return q

@@ -8,7 +8,7 @@ n is the largest captured batch. Program r copies row r of the packed tables int
 (n, max_blocks) block table (r < rows); program 0 also writes the k tokens still in flight, the
 previous step's sampled ids: ids[at[i]] = tokens[src[i]].
 
-With engine.cuda_graphs.MAPPED_IO a step graph skips the uploads: the host writes the step into a row
+A step graph (engine.cuda_graphs.DecodeGraphs) skips the uploads: the host writes the step into a row
 of a pinned ring, [ids | positions | slots | src (n each; src = the row of an in-flight id in tokens,
 else -1) | rows, width, 0, 0] (int64) and [lengths (n) | tables, row r at n + r * max_blocks] (int32),
 and `mapped_step_inputs` reads it over PCIe, the row named by a device counter that the graph's last

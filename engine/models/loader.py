@@ -133,11 +133,6 @@ def init_dummy_weights(model: LlamaForCausalLM, seed: int, std: float = 0.02) ->
             p.normal_(0.0, std, generator=gen)
 
 
-# 16-bit models on CUDA get their RMSNorm weights folded into the projections after them
-# (LlamaForCausalLM.fold_norms), so that wide decode steps run no norm launch (dispatch.FOLDED_TAIL).
-FOLD_NORMS = True
-
-
 def build_model(config, load_format: str, model_path: str, device: str, dtype, max_positions: int, seed: int):
     with torch.device(device):
         model = LlamaForCausalLM(config, max_positions)
@@ -147,6 +142,8 @@ def build_model(config, load_format: str, model_path: str, device: str, dtype, m
         init_dummy_weights(model, seed, getattr(config, "initializer_range", 0.02))
     else:
         load_weights(model, model_path, progress=True)
-    if FOLD_NORMS and torch.device(device).type == "cuda" and dtype in (torch.float16, torch.bfloat16):
+    if torch.device(device).type == "cuda" and dtype in (torch.float16, torch.bfloat16):
+        # RMSNorm weights folded into the projections after them, so that wide decode steps run no norm
+        # launch (kernels.dispatch.folded_decode_layer_tail)
         model.fold_norms()
     return model.eval()

@@ -151,26 +151,18 @@ def test_w2_replay_separate_equals_fused():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny CPU run is for machines without CUDA")
 def test_qkv_bench_tiny_cpu_run(capsys):
-    """bench.qkv_configs: one cell a build (loads, row pass) and configuration, each with its error
-    against the reference; unknown builds are refused before anything runs."""
+    """bench.qkv_configs: one cell a way of loading and configuration, each with its error against the
+    reference; unknown ways are refused before anything runs."""
     from bench import qkv_configs as bench_qkv
 
-    assert bench_qkv.main(["--tiny", "--loads", "pointers tma", "--row-pass", "loads dot"]) == 0
+    assert bench_qkv.main(["--tiny", "--loads", "pointers tma"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("rows 5: cuBLAS F.linear ")
     cells = line.split("  ")[1:]
-    assert [c.split(" (16")[0] for c in cells] == [
-        "pointers loads",
-        "pointers dot",
-        "tma loads",
-        "tma dot",
-    ]
+    assert [c.split(" (16")[0] for c in cells] == ["pointers", "tma"]
     assert all(float(c.split("err ")[1].rstrip(")")) < 1e-4 for c in cells)
     assert bench_qkv.main(["--tiny"]) == 0  # the default build alone
     assert capsys.readouterr().out.count("(err ") == 1
     with pytest.raises(SystemExit):
         bench_qkv.main(["--tiny", "--loads", "bulk"])
     assert "--loads: unknown 'bulk'" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        bench_qkv.main(["--tiny", "--row-pass", "sum"])
-    assert "--row-pass: unknown 'sum'" in capsys.readouterr().err

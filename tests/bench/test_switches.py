@@ -8,12 +8,12 @@ import pytest
 
 from bench import switches as bench_switches
 from bench import workloads as bench
-from kernels import dispatch, paged_attention
+from kernels import paged_attention, pdl
 
 
 def test_parse():
-    parsed = bench_switches.parse("kernels.dispatch.DECODE_TAIL=False")
-    assert parsed == ("kernels.dispatch", "DECODE_TAIL", False)
+    parsed = bench_switches.parse("kernels.pdl.PDL=False")
+    assert parsed == ("kernels.pdl", "PDL", False)
     assert bench_switches.parse(" kernels.paged_attention.MID_BATCH_SPLITS = 2") == (
         "kernels.paged_attention", "MID_BATCH_SPLITS", 2,
     )  # fmt: skip
@@ -22,14 +22,14 @@ def test_parse():
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("DECODE_TAIL=False", "module.NAME=value"),
-        ("kernels.dispatch.DECODE_TAIL", "module.NAME=value"),
+        ("PDL=False", "module.NAME=value"),
+        ("kernels.pdl.PDL", "module.NAME=value"),
         ("os.SEP='x'", "only switches of"),
         ("kernels.dispatch.use_triton=1", "UPPER_CASE"),
-        ("kernels.dispatch.DECODE_TAIL=yes", "Python literal"),
+        ("kernels.pdl.PDL=yes", "Python literal"),
         ("kernels.nope.X=1", "no module"),
-        ("kernels.dispatch.DECODE_TAL=False", "has no DECODE_TAL"),
-        ("kernels.dispatch.DECODE_TAIL=1", "holds a bool, got a int"),
+        ("kernels.dispatch.PDX=False", "has no PDX"),
+        ("kernels.pdl.PDL=1", "holds a bool, got a int"),
     ],
 )
 def test_refusals(spec, message):
@@ -38,13 +38,13 @@ def test_refusals(spec, message):
 
 
 def test_apply_sets_all_or_nothing(monkeypatch):
-    monkeypatch.setattr(dispatch, "DECODE_TAIL", True)
+    monkeypatch.setattr(pdl, "PDL", True)
     monkeypatch.setattr(paged_attention, "DECODE_ONE_LOOP", True)
     monkeypatch.setattr(paged_attention, "MID_BATCH_SPLITS", 1)
-    bad = ["kernels.dispatch.DECODE_TAIL=False", "kernels.paged_attention.DECODE_ONE_LOOP=2"]
+    bad = ["kernels.pdl.PDL=False", "kernels.paged_attention.DECODE_ONE_LOOP=2"]
     with pytest.raises(ValueError):  # the second is wrong: the first is not set either
         bench_switches.apply(bad)
-    assert dispatch.DECODE_TAIL is True
+    assert pdl.PDL is True
     specs = ["kernels.paged_attention.DECODE_ONE_LOOP=False", "kernels.paged_attention.MID_BATCH_SPLITS=2"]
     done = bench_switches.apply(specs)
     assert done == {
@@ -68,16 +68,16 @@ def test_apply_sets_the_running_program_when_it_is_the_module(monkeypatch):
     imported = bench_w2.BLOCK_SIZE
     assert bench_switches.apply(["bench.w2_attention.BLOCK_SIZE=64"]) == {"bench.w2_attention.BLOCK_SIZE": 64}
     assert main.BLOCK_SIZE == 64 and bench_w2.BLOCK_SIZE == imported != 64
-    monkeypatch.setattr(dispatch, "DECODE_TAIL", True)  # another module is still set by import
-    bench_switches.apply(["kernels.dispatch.DECODE_TAIL=False"])
-    assert dispatch.DECODE_TAIL is False
+    monkeypatch.setattr(pdl, "PDL", True)  # another module is still set by import
+    bench_switches.apply(["kernels.pdl.PDL=False"])
+    assert pdl.PDL is False
 
 
 def test_bench_refuses_a_bad_switch_before_running(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        bench.main(["--workload", "w3", "--set", "kernels.dispatch.DECODE_TAL=False"])
+        bench.main(["--workload", "w3", "--set", "kernels.dispatch.PDX=False"])
     assert exit_info.value.code == 2
-    assert "has no DECODE_TAL" in capsys.readouterr().err
+    assert "has no PDX" in capsys.readouterr().err
 
 
 def test_max_model_len_option():

@@ -81,7 +81,6 @@ def test_graph_inputs_are_finished_by_the_graphs_first_launch(monkeypatch):
 def test_step_graphs_sample_into_tokens(monkeypatch):
     replays = stub_graphs(monkeypatch)
     monkeypatch.setattr(cuda_graphs, "STEP_GRAPH_MAX_SIZE", 2)
-    monkeypatch.setattr(cuda_graphs, "MAPPED_IO", False)  # the tokens stay on the device
     dec = cuda_graphs.DecodeGraphs(Model(), [], [1, 2, 4], 6, torch.device("cpu"), sample_seed=3)
     assert sorted(dec.step_graphs) == [1, 2] and dec.samples(2) and not dec.samples(3)
     # the captures ran the forward and the sampler: greedy rows of zero logits draw token 0, and the
@@ -91,7 +90,7 @@ def test_step_graphs_sample_into_tokens(monkeypatch):
     dec.tokens.fill_(9)
     out, host = dec.run_step(1, temps)
     assert out.data_ptr() == dec.tokens.data_ptr() and replays[-1] == dec.step_graphs[1][0].name
-    assert host is None and dec.host_ring is None  # MAPPED_IO off
+    assert host is not None and host.data_ptr() == dec.host_ring[0].data_ptr()  # the replay's ring row
     assert dec.temps[0].item() == 0.0
     dec.temps.fill_(5.0)
     dec.run_step(1, temps)  # the same temperatures tensor: not copied again
@@ -117,12 +116,11 @@ def test_extend_graph_inputs_are_loaded_and_padded(monkeypatch):
 
 
 def test_step_graphs_publish_their_tokens_to_a_host_ring(monkeypatch):
-    # with MAPPED_IO the step graph's last launch writes its tokens into row `count % slots` of a
+    # the step graph's last launch writes its tokens into row `count % slots` of a
     # host ring (kernels.publish, its reference here); run_step hands out the row of its replay. The
     # stubbed replay runs nothing, so each step runs the graph's launches first (_step), with a draw
     # that writes a known value
     stub_graphs(monkeypatch)
-    monkeypatch.setattr(cuda_graphs, "MAPPED_IO", True)
     draw = {"value": 0}
 
     def step_end(x, residual, norm_weight, eps, weight, temps, seed, out, publish=None):

@@ -92,7 +92,8 @@ def test_batch_one_layers_match_hf(ckpt, tma, monkeypatch):
     from kernels import decode_tail_tma
     from kernels import dispatch as ops
 
-    monkeypatch.setattr(ops, "DECODE_TAIL_TMA", tma)
+    if not tma:  # kernels.decode_tail, the fallback where the TMA tail does not fit
+        monkeypatch.setattr(ops, "_tail_tma", lambda x, w: None)
     calls = []
     launch = decode_tail_tma.decode_layer_tail
     counted = lambda *a, **k: calls.append(1) or launch(*a, **k)
@@ -131,7 +132,7 @@ def test_wide_batch_longest_first_matches_plain_dispatch(ckpt, monkeypatch):
 @pytest.mark.parametrize("epilogue", [False, True])
 def test_folded_norms_match_hf(tmp_path_factory, monkeypatch, epilogue):
     """bf16 on CUDA folds each RMSNorm's weight into the projection after it (engine.models.loader
-    FOLD_NORMS), so wide decode steps run no norm launch (kernels.dispatch.FOLDED_TAIL: the residual
+    build_model), so wide decode steps run no norm launch (dispatch.folded_decode_layer_tail: the residual
     adds in the cuBLAS GEMMs, 1 / rms applied by the SiLU and the decode attention). On norms that are
     not ones, greedy tokens equal HF's up to near-ties, with CUDA graphs and eager. With `epilogue`
     (dispatch.QKV_EPILOGUE_MIN_M lowered to every folded step), the layers after the first project the
@@ -288,13 +289,11 @@ def test_step_graphs_sample_plain_decode_steps(ckpt):
 
 
 def test_step_graphs_exchange_steps_through_pinned_memory(ckpt, monkeypatch):
-    """With engine.cuda_graphs.MAPPED_IO the step graph's first launch reads the step from pinned host
+    """The step graph's first launch reads the step from pinned host
     memory and its last launch writes the tokens there (kernels.step_inputs, kernels.publish): the same
     float32 greedy tokens as the engine without step graphs, over more steps than the rings have rows,
     batches shrinking as requests of several lengths end."""
-    from engine import cuda_graphs
 
-    monkeypatch.setattr(cuda_graphs, "MAPPED_IO", True)
     torch.backends.cuda.matmul.allow_tf32 = False
     ps = prompts()[:6]
     params = [SamplingParams(temperature=0.0, max_tokens=8 + 5 * i, ignore_eos=True) for i in range(6)]

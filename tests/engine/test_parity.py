@@ -143,7 +143,7 @@ def test_prefix_cache_parity(arch_case, block_size):
 @pytest.mark.parametrize("epilogue", [False, True])
 def test_folded_norms_parity(checkpoint_factory, arch, epilogue, monkeypatch):
     """RMSNorm weights folded into the projections after them (LlamaForCausalLM.fold_norms, what 16-bit
-    models on CUDA get): decode steps of 5 rows or more skip the norms (kernels.dispatch.FOLDED_TAIL,
+    models on CUDA get): decode steps of 5 rows or more skip the norms (dispatch.folded_decode_layer_tail,
     the residual adds in the projections, each row's 1 / rms applied by the SiLU and the attention), on
     weights whose norms are not ones; greedy tokens equal HF's up to near-ties. With `epilogue`, those
     steps' layers after the first project the residual with the new token's work in the projection

@@ -58,12 +58,11 @@ def expected(batch, bs: int, pending: torch.Tensor | None) -> dict:
 def graph_runner(block_size: int, max_num_seqs: int, monkeypatch, mapped: bool = False) -> ModelRunner:
     """bare_runner with decode graphs for batch sizes 1, 2 and 4 (CUDA's graph API stubbed: a replay
     only records itself), so prepare writes decode-only steps into their static buffers; mapped: with
-    step graphs that read their inputs from host rings (cuda_graphs.MAPPED_IO)."""
+    step graphs, which read their inputs from host rings."""
     from engine import cuda_graphs
     from tests.engine.graph_stubs import Model, stub_graphs
 
     stub_graphs(monkeypatch)
-    monkeypatch.setattr(cuda_graphs, "MAPPED_IO", mapped)
     runner = bare_runner(block_size, max_num_seqs)
     seed = 0 if mapped else None
     runner.graphs = cuda_graphs.DecodeGraphs(

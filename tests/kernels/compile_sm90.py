@@ -102,18 +102,13 @@ def _launches(dtype: torch.dtype):
 
             wqkv = torch.randn(32 * 128, 1024).to(dtype)
             cs16 = torch.randn(16, 128)
-            # the wide folded steps' qkv with the new token's work: the default build (TMA tiles, 1 / rms by
-            # x x^T), the pointer tiles with the row pass or x x^T
-            builds = ((200, "dot", "tma"), (100, "loads", "pointers"), (200, "dot", "pointers"))
-            for m, row_pass, loads in builds:
-                xm = torch.randn(m, 1024).to(dtype)
-                default = qnt.ROW_PASS, qnt.LOADS
-                qnt.ROW_PASS, qnt.LOADS = row_pass, loads
-                try:
-                    qnt.qkv_new_token(xm, wqkv, 16, 8, w[:128], w[:128], 1e-6, 1e-6, torch.arange(m), cs16,
-                                      kc, vc, torch.arange(m))  # fmt: skip
-                finally:
-                    qnt.ROW_PASS, qnt.LOADS = default
+            # the wide folded steps' qkv with the new token's work: TMA tiles where x's rows are aligned,
+            # the pointer tiles for a view at an odd offset
+            for m, aligned in ((200, True), (200, False)):
+                flat = torch.randn(m * 1024 + 1).to(dtype)
+                xm = flat[:-1].view(m, 1024) if aligned else flat[1:].view(m, 1024)
+                qnt.qkv_new_token(xm, wqkv, 16, 8, w[:128], w[:128], 1e-6, 1e-6, torch.arange(m), cs16,
+                                  kc, vc, torch.arange(m))  # fmt: skip
             from kernels.gemv import add_rms_norm_gemv, gemv
 
             h1, wq = torch.randn(1, 1024).to(dtype), torch.randn(4096, 1024).to(dtype)
@@ -140,9 +135,9 @@ def _launches(dtype: torch.dtype):
 
             hidden, head = torch.randn(1, 1024).to(dtype), torch.randn(4096, 1024).to(dtype)
             lm_head_sample(hidden, head, torch.zeros(1), torch.tensor([7]))
-            # a step graph's end at batch 1: the final norm fused, launched with PDL
+            # a step graph's end at batch 1: the final norm fused
             seed = torch.tensor([7])
-            lm_head_sample(hidden, head, torch.zeros(1), seed, pdl=True, residual=hidden, norm=(w, 1e-6))
+            lm_head_sample(hidden, head, torch.zeros(1), seed, residual=hidden, norm=(w, 1e-6))
             # ... ending the step: the seed advanced and the tokens published (the engine's launch)
             ring = torch.zeros((4, 8), dtype=torch.int64)
             lm_head_sample(hidden, head, torch.zeros(1), seed, residual=hidden, norm=(w, 1e-6),
@@ -249,7 +244,7 @@ def _release_after_wait(compiled, kwargs) -> bool:
 def _resources(cubin: bytes, tmp: Path) -> tuple[int | None, int | None]:
     """(spilled bytes per thread, registers per thread), from cuobjdump (None where it is not available).
     Printed per kernel: whether a decode attention program fits beside a layer-tail program on an SM
-    (kernels.decode_tail_tma.ALIAS_QKV) depends on both kernels' registers and shared memory."""
+    (kernels.decode_tail_tma's TmaPlan.alias) depends on both kernels' registers and shared memory."""
     cuobjdump = os.path.join(NV_BIN, "cuobjdump")
     if not shutil.which(cuobjdump):
         return None, None

@@ -24,8 +24,8 @@ def test_plan_splits_the_qwen3_shapes_into_boxes():
     assert tma.plan(1024, 2048, 3072, None, 132).qkv == (0, 1)  # the last layer: no next qkv
 
 
-def test_plan_aliases_the_next_qkv_into_gate_up_buffers(monkeypatch):
-    """ALIAS_QKV: the next qkv's 32 rows a program as two boxes of gate_up's height, in gate_up's three
+def test_plan_aliases_the_next_qkv_into_gate_up_buffers():
+    """TmaPlan.alias: the next qkv's 32 rows a program as two boxes of gate_up's height, in gate_up's three
     buffers, so the copies take 64 KB less shared memory (room for a decode attention program beside)."""
     p = tma.plan(1024, 2048, 3072, 4096, 132, alias=True)
     assert p.alias and p.gu == (3, 16) and p.qkv == (2, 16)
@@ -35,9 +35,7 @@ def test_plan_aliases_the_next_qkv_into_gate_up_buffers(monkeypatch):
     small = tma.plan(1024, 2048, 3072, 1024, 132, alias=True)
     assert small is not None and not small.alias and small.qkv == (1, 8)
     w = _weights(*QWEN3_06B, torch.bfloat16)
-    assert tma._plan_for(w, torch.device("cpu")).alias  # the engine's plan, by default
-    monkeypatch.setattr(tma, "SCHEDULE", 0)  # every copy issued at the start: the buffers cannot be shared
-    assert not tma._plan_for(w, torch.device("cpu")).alias
+    assert tma._plan_for(w, torch.device("cpu")).alias  # the engine's plan
 
 
 def test_plan_refuses_what_does_not_divide_or_fit():
@@ -115,14 +113,11 @@ def test_gpu_back_to_back_launches_and_graph_replays():
 
 
 @gpu
-def test_gpu_dispatch_takes_it_at_batch_one_when_switched_on(monkeypatch):
+def test_gpu_dispatch_takes_it_at_batch_one():
     w = _weights(*QWEN3_06B, torch.bfloat16, device="cuda")
     a, res = _inputs()
-    monkeypatch.setattr(ops, "DECODE_TAIL_TMA", True)
     assert ops._tail_tma(a, w) is tma
     assert ops._tail_tma(torch.cat([a, a]), w) is None
     got, got_res = ops.decode_layer_tail(a, res, w)
     expect, expect_res = tma.decode_layer_tail(a, res, w)
     assert torch.equal(got, expect) and torch.equal(got_res, expect_res)
-    monkeypatch.setattr(ops, "DECODE_TAIL_TMA", False)
-    assert ops._tail_tma(a, w) is None

@@ -61,7 +61,7 @@ def test_every_program_count_gives_the_same_draw(n, k, programs):
     assert torch.equal(got, sample_tokens(logits, temps, 5))
     assert torch.allclose(logits, x @ w.T, rtol=1e-5, atol=1e-5)
     # blocks of 4 rows: one Philox counter a block
-    assert torch.equal(lm_head_sample(x, w, temps, 5, block_n=4, num_programs=7, pdl=True), got)
+    assert torch.equal(lm_head_sample(x, w, temps, 5, block_n=4, num_programs=7), got)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -56,15 +56,8 @@ def test_qkv_new_token(dtype, with_norm, m):
 
 
 @pytest.mark.parametrize("with_norm", [True, False])
-@pytest.mark.parametrize("row_pass", ["loads", "dot"])
-@pytest.mark.parametrize("loads", ["pointers", "tma"])
-def test_qkv_new_token_variants(monkeypatch, with_norm, row_pass, loads):
-    """Every build: 1 / rms by a pass over x's rows or from the diagonal of x x^T (ROW_PASS), tiles by
-    pointers or tensor descriptors (LOADS)."""
-    from kernels import qkv_new_token as mod
-
-    monkeypatch.setattr(mod, "ROW_PASS", row_pass)
-    monkeypatch.setattr(mod, "LOADS", loads)
+def test_qkv_new_token_with_and_without_qk_norms(with_norm):
+    """1 / rms from the diagonal of x x^T, tiles by tensor descriptors (x aligned)."""
     _check(torch.float32, "cpu", 21, 2, 1, 32, 128, with_norm, config=(16, 32, 4, 1))
 
 
@@ -73,7 +66,6 @@ def test_qkv_new_token_unaligned_rows_take_pointers(monkeypatch):
     builds no tensor descriptor for it and reads it by pointers, same results; an aligned x takes TMA."""
     from kernels import qkv_new_token as mod
 
-    assert mod.LOADS == "tma"
     made = []
     descriptors = mod._descriptors
     monkeypatch.setattr(mod, "_descriptors", lambda *a: made.append(a[0]) or descriptors(*a))
@@ -116,16 +108,9 @@ def test_qkv_new_token_rejects_bad_shapes():
 
 
 @pytest.mark.parametrize("m", [7, 64, 200])
-@pytest.mark.parametrize("build", ["default", "pointers-loads"])
 @gpu
-def test_gpu_qkv_new_token(monkeypatch, m, build):
-    """bf16 at Qwen3-0.6B's shape, each row-count configuration: the default build (TMA tiles, 1 / rms
-    by x x^T) and the pointer tiles with the row pass."""
-    from kernels import qkv_new_token as mod
-
-    if build == "pointers-loads":
-        monkeypatch.setattr(mod, "LOADS", "pointers")
-        monkeypatch.setattr(mod, "ROW_PASS", "loads")
+def test_gpu_qkv_new_token(m):
+    """bf16 at Qwen3-0.6B's shape, each row-count configuration (TMA tiles, 1 / rms by x x^T)."""
     _check(torch.bfloat16, "cuda", m, 16, 8, 128, 1024, True)
 
 
