@@ -3,6 +3,7 @@ each other (no Docker engine runs here: `docker compose config` is replaced by t
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import shutil
 import subprocess
@@ -11,6 +12,8 @@ import pytest
 import yaml
 
 from app.agent.config import AssistantIn
+from app.agent.targets import TargetPolicy
+from app.settings import Settings
 from tests.memory.conftest import ROOT
 
 
@@ -20,6 +23,20 @@ def test_compose_file():
     assert set(services) == {"chatloom", "postgres", "n8n"}
     env = services["chatloom"]["environment"]
     assert env["CHATLOOM_DATABASE_URL"].startswith("postgresql://")
+    # n8n reaches chatloom by its service name, and the seeded tools reach n8n on a private address
+    assert "chatloom" in env["CHATLOOM_ALLOWED_HOSTS"].split(",")
+    policy = TargetPolicy.from_settings(
+        Settings(
+            webhook_allowed_hosts=env["CHATLOOM_WEBHOOK_ALLOWED_HOSTS"],
+            webhook_allowed_networks=env["CHATLOOM_WEBHOOK_ALLOWED_NETWORKS"],
+        )
+    )
+    seeded = yaml.safe_load((ROOT / "examples" / "assistants.yaml").read_text())["assistants"]
+    for item in seeded:
+        for tool in item.get("tools", []):
+            assert policy.refusal_for_url(tool["webhook"]["url"]) is None, tool["webhook"]["url"]
+    assert policy.address_allowed(ipaddress.ip_address("172.18.0.5"))  # a compose network's address
+    assert not policy.address_allowed(ipaddress.ip_address("169.254.169.254"))
     assert services["chatloom"]["build"] == "."
     for name, svc in services.items():
         for dep in svc.get("depends_on", {}):
