@@ -2,6 +2,8 @@
 reaches it with its own name in Host, so requests naming no allowed host get a 400 in the OpenAI
 error shape before anything else runs.
 
+/health is exempt: orchestrators probe it by the pod's address, and it tells nothing.
+
 Entries: exact names or IP literals (IPv6 with or without brackets), "*.domain" for its
 subdomains, "*" for any host; compared case-insensitively, without the port."""
 
@@ -39,7 +41,11 @@ class HostCheckMiddleware:
         self.allowed = [host_name(h) if h != "*" else "*" for h in allowed_hosts if h.strip()]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or "*" in self.allowed:
+        if (
+            scope["type"] not in ("http", "websocket")
+            or "*" in self.allowed
+            or scope.get("path") == "/health"
+        ):
             await self.app(scope, receive, send)
             return
         raw = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"host"), "")

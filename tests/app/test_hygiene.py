@@ -42,7 +42,8 @@ def test_default_allows_loopback_names_and_the_bind_host(tmp_path, default_hosts
         error = r.json()["error"]
         assert error["type"] == "invalid_request_error" and error["code"] == "invalid_host"
         assert "CHATLOOM_ALLOWED_HOSTS" in error["message"]
-    # the page, the webhook and the API alike
+    # the page, the webhook and the API alike; /health answers probes by any address
+    assert client.get("/health", headers={"Host": "10.9.8.7:8000"}).status_code == 503  # no model here
     assert client.get("/", headers={"Host": "attacker.example"}).status_code == 400
     r = client.post("/webhook/default/chat", json={}, headers={"Host": "attacker.example"})
     assert r.status_code == 400
