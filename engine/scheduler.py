@@ -1,10 +1,12 @@
 """Continuous batching under a token budget: decodes and prefill chunks share each step;
-first come, first served; preemption by recompute when KV blocks run out. No torch."""
+first come, first served, except that a request's first sequence goes before other requests'
+further samples (n > 1) and a few seats are kept for requests not yet started, so one request's
+many samples cannot starve a small one; preemption by recompute when KV blocks run out. No torch."""
 
 from __future__ import annotations
 
 import contextlib
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
@@ -42,6 +44,10 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
         self.num_preemptions = 0
+        # seats only a request with no running sequence may take: further samples of running
+        # requests (n > 1) stop short of them, so a new request always finds a seat soon
+        self.reserved_seats = max_num_seqs // 16 if max_num_seqs >= 16 else 0
+        self._running_per_request: Counter[str] = Counter()
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -54,14 +60,22 @@ class Scheduler:
         """Take a finished or aborted sequence out and free its blocks."""
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
+            self._left(seq)
         elif seq.status is SequenceStatus.WAITING:
             with contextlib.suppress(ValueError):
                 self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
         self.bm.free(seq)
 
+    def _left(self, seq: Sequence) -> None:
+        rid = seq.request_id
+        self._running_per_request[rid] -= 1
+        if self._running_per_request[rid] <= 0:
+            del self._running_per_request[rid]
+
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        self._left(seq)
         self.bm.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
@@ -104,37 +118,37 @@ class Scheduler:
                 chunks.append(n)
             budget -= n
 
-        # 2. waiting sequences in arrival order, while budget, seats and blocks last
-        if not preempted:
-            skipped: list[Sequence] = []
-            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-                seq = self.waiting[0]
-                constraint = seq.params.constraint
-                compiling = constraint is not None and seq.constraint is None and not constraint.ready()
-                if compiling or seq.done_scheduling:
-                    skipped.append(self.waiting.popleft())  # grammar still compiling: let others pass
-                    continue
-                hits = self.bm.match_prefix(seq.token_ids) if seq.num_computed_tokens == 0 else []
-                n = seq.num_tokens - len(hits) * self.bm.block_size
-                if n > budget and not self.enable_chunked_prefill:
+        # 2. waiting sequences while budget, seats and blocks last: first those whose request has
+        # nothing running yet (arrival order), then further samples of running requests, which
+        # leave the reserved seats free
+        if not preempted and self.waiting and len(self.running) < self.max_num_seqs:
+            admitted: set[int] = set()
+            per_request = self._running_per_request
+            for newcomers in (True, False):
+                limit = self.max_num_seqs - (0 if newcomers else self.reserved_seats)
+                blocked = False
+                for seq in self.waiting:
+                    if budget <= 0 or len(self.running) >= limit:
+                        break
+                    if (seq.request_id not in per_request) != newcomers or seq.seq_id in admitted:
+                        continue
+                    constraint = seq.params.constraint
+                    if constraint is not None and seq.constraint is None and not constraint.ready():
+                        continue  # grammar still compiling: let others pass
+                    if seq.done_scheduling:
+                        continue
+                    n = self._admit(seq, budget)
+                    if n is None:
+                        blocked = True  # out of blocks (or a whole prompt does not fit): wait
+                        break
+                    admitted.add(seq.seq_id)
+                    prefills.append(seq)
+                    chunks.append(n)
+                    budget -= n
+                if blocked:
                     break
-                n = min(n, budget)
-                # blocks for the chunk, counting the cached hits that are free now (taking them uses them)
-                free_hits = sum(1 for b in hits if self.bm.blocks[b].ref_count == 0)
-                need = -(-(len(hits) * self.bm.block_size + n) // self.bm.block_size) - len(hits)
-                if need + free_hits > self.bm.num_free_blocks:
-                    break
-                self.waiting.popleft()
-                self.bm.allocate_prefix(seq, hits)
-                ok = self.bm.allocate(seq, seq.num_computed_tokens + n)
-                assert ok
-                seq.status = SequenceStatus.RUNNING
-                self.running.append(seq)
-                prefills.append(seq)
-                chunks.append(n)
-                budget -= n
-            for seq in reversed(skipped):
-                self.waiting.appendleft(seq)
+            if admitted:
+                self.waiting = deque(s for s in self.waiting if s.seq_id not in admitted)
 
         return ScheduledBatch(
             seqs=decodes + prefills,
@@ -142,6 +156,28 @@ class Scheduler:
             num_decodes=len(decodes),
             preempted=preempted,
         )
+
+    def _admit(self, seq: Sequence, budget: int) -> int | None:
+        """Allocate blocks for seq's first chunk and make it running; returns the chunk's tokens,
+        or None when it cannot start now."""
+        bm = self.bm
+        hits = bm.match_prefix(seq.token_ids) if seq.num_computed_tokens == 0 else []
+        n = seq.num_tokens - len(hits) * bm.block_size
+        if n > budget and not self.enable_chunked_prefill:
+            return None
+        n = min(n, budget)
+        # blocks for the chunk, counting the cached hits that are free now (taking them uses them)
+        free_hits = sum(1 for b in hits if bm.blocks[b].ref_count == 0)
+        need = -(-(len(hits) * bm.block_size + n) // bm.block_size) - len(hits)
+        if need + free_hits > bm.num_free_blocks:
+            return None
+        bm.allocate_prefix(seq, hits)
+        ok = bm.allocate(seq, seq.num_computed_tokens + n)
+        assert ok
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        self._running_per_request[seq.request_id] += 1
+        return n
 
     def after_step(self, batch: ScheduledBatch) -> None:
         """Record the K/V the step computed; register newly full blocks for prefix reuse."""

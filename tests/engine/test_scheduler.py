@@ -17,6 +17,7 @@ from engine.sequence import Sequence, SequenceStatus
 
 BS = 4
 _tok = count(1000)
+_rid = count()
 
 
 def prompt(n: int) -> list[int]:
@@ -37,7 +38,8 @@ def make(
 def add(
     sched: Scheduler, n_tokens: int, max_tokens: int = 4, params: SamplingParams | None = None
 ) -> Sequence:
-    seq = Sequence(f"r{n_tokens}", prompt(n_tokens), params or SamplingParams(max_tokens=max_tokens))
+    rid = f"r{n_tokens}-{next(_rid)}"  # one request per sequence
+    seq = Sequence(rid, prompt(n_tokens), params or SamplingParams(max_tokens=max_tokens))
     sched.add(seq)
     return seq
 
