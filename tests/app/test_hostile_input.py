@@ -283,9 +283,6 @@ def test_cut_short_rules():
 def budget_cut(fake_engine, monkeypatch):
     """The engine under a grammar: the budget closes the reply with EOS at max_tokens, so the
     engine says "stop" where the fake would say "length"; plus a constraint stand-in."""
-    import sys
-    import types
-
     real = fake_engine.generate
 
     async def generate(prompt, params, request_id="r", retention_key=None):
@@ -296,10 +293,10 @@ def budget_cut(fake_engine, monkeypatch):
 
     monkeypatch.setattr(fake_engine, "generate", generate)
 
-    def build_constraint(tokenizer, **kw):
-        return SimpleNamespace(ready=lambda: True)
+    async def build_constraint(tokenizer, **kw):
+        return SimpleNamespace(ready=lambda: True)  # a grammar the fake engine does not apply
 
-    monkeypatch.setitem(sys.modules, "grammar.api", types.SimpleNamespace(build_constraint=build_constraint))
+    monkeypatch.setattr("app.chat.serving.build_constraint", build_constraint)
 
 
 @pytest.mark.parametrize("stream", [False, True])
