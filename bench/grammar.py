@@ -139,8 +139,9 @@ def run_g1(
     # imported here: the workload's data (g1_tools, g1_prompts) stays importable on its own
     from engine.sampling_params import SamplingParams
     from grammar.api import build_constraint
-    from grammar.backend import DEFAULT_BACKEND
-    from grammar.mask_cache import mask_cache
+
+    if backend not in (None, "llguidance"):
+        raise ValueError(f"grammar backend {backend!r}: llguidance is the one grammar library")
 
     tools = json.loads(Path(tools_path).read_text())["tools"]
     prompts = g1_prompts(n_requests, prompt_len)
@@ -155,7 +156,6 @@ def run_g1(
         parallel_tool_calls=True,
         max_tokens=max_tokens,
         vocab_size=vocab_size,
-        backend=backend,
     )
     factory.wait()
     compile_s = time.perf_counter() - t0  # cold: token tables (first use), budget automaton, backend
@@ -171,8 +171,6 @@ def run_g1(
     first_outs = llm.generate(g1_prompts(n_requests, prompt_len, seed=98), first)
     first_tok_s = sum(len(o.outputs[0].token_ids) for o in first_outs) / (time.perf_counter() - t0)
     llm.reset_prefix_cache()
-    cache = mask_cache()
-    hits0, misses0 = cache.hits, cache.misses
     sampler = getattr(getattr(llm, "core", None), "sampler", None)
     table = getattr(sampler, "device_masks", None)  # CUDA: rows cached on the GPU, looked up first
     d_hits0, d_misses0 = (table.hits, table.misses) if table is not None else (0, 0)
@@ -203,7 +201,7 @@ def run_g1(
     runs = len(ranked)
     total, constrained_s, free_tokens, unconstrained_s, lengths = ranked[runs // 2]
     result = {
-        "backend": backend or DEFAULT_BACKEND,
+        "backend": "llguidance",
         "requests": n_requests,
         "output_tokens": total,
         "repeats": runs,
@@ -220,7 +218,6 @@ def run_g1(
         "mask_s": timed.stats["mask_s"] / runs,
         "min_tokens": factory.min_tokens,
         "first_run_tok_s": first_tok_s,
-        "mask_cache_hit_rate": (cache.hits - hits0) / max(cache.hits + cache.misses - hits0 - misses0, 1),
     }
     if table is not None:
         d_hits, d_misses = table.hits - d_hits0, table.misses - d_misses0
@@ -241,37 +238,38 @@ def run_g1(
     mask_us, mask_ms = result["mask_us_per_token"], result["mask_ms_per_step"]
     out(
         f"  grammar compile {result['compile_ms']:.0f} ms (cold); mask {mask_us:.0f} us/token, "
-        f"{mask_ms:.2f} ms/step ({result['mask_s']:.2f} s per run); "
-        f"mask cache hits {result['mask_cache_hit_rate']:.0%}"
-        + (f" (behind the GPU's, {result['device_mask_hit_rate']:.0%} hits)" if table is not None else "")
+        f"{mask_ms:.2f} ms/step ({result['mask_s']:.2f} s per run)"
+        + (f"; GPU mask rows {result['device_mask_hit_rate']:.0%} hits" if table is not None else "")
     )
     return result
 
 
-def measure_backends(
+def measure_masks(
     tokenizer,
-    backends=("llguidance", "xgrammar", "outlines"),
     n_requests: int = 16,
     vocab_size: int = 151936,
     max_tokens: int = 256,
     seed: int = 0,
     out: Callable[[str], None] = print,
 ) -> dict:
-    """Per backend, on the G1 tool set (required, parallel): one-time tokenizer setup, cold compile,
-    and per-token mask time (backend fill + budget) over random-logit requests."""
+    """On the G1 tool set (required, parallel): llguidance's tokenizer setup, cold compile, and
+    per-token mask time (matcher fill + budget) over random-logit requests."""
     import numpy as np
     import torch
 
-    from grammar.backend import get_backend
     from grammar.budget import BudgetAutomaton, vocab_tables
     from grammar.constraint import GrammarConstraint
+    from grammar.dialects import HERMES
+    from grammar.llguidance_backend import LLGuidanceBackend
     from grammar.tools import grammar_spec
     from grammar.vocab import allowed_ids, vocab_for
 
     tools = g1_tools()
-    spec = grammar_spec(tools, "required", True)
+    t0 = time.perf_counter()
     vocab = vocab_for(tokenizer, vocab_size)
     vocab_tables(vocab)
+    setup_s = time.perf_counter() - t0
+    spec = grammar_spec(tools, "required", True, dialect=HERMES, vocab=vocab)
     t0 = time.perf_counter()
     budget = BudgetAutomaton(spec.budget_regex, vocab)
     budget_ms = (time.perf_counter() - t0) * 1e3
@@ -279,60 +277,52 @@ def measure_backends(
         f"budget automaton: {budget_ms:.0f} ms, {budget.n_states} DFA states, "
         f"{len(budget.helper_ids)} helper tokens, shortest call {budget.min_tokens} tokens"
     )
-    results = {"budget_ms": budget_ms}
-    for name in backends:
-        t0 = time.perf_counter()
-        backend = get_backend(name, vocab)
-        setup_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        grammar = backend.compile(spec.regex)
-        compile_ms = (time.perf_counter() - t0) * 1e3
-        rng = np.random.default_rng(seed)
-        bitmask = torch.empty(1, vocab.mask_words, dtype=torch.int32)
-        times: list[float] = []
-        valid = 0
-        for _ in range(n_requests):
-            c = GrammarConstraint(grammar.matcher(), budget.cursor(), vocab)
-            ids: list[int] = []
-            for step in range(max_tokens):
-                bitmask.fill_(-1)
-                t0 = time.perf_counter()
-                c.fill_bitmask(bitmask, 0, max_tokens - step)
-                times.append(time.perf_counter() - t0)
-                allowed = allowed_ids(bitmask[0], vocab_size)
-                tok = int(allowed[rng.integers(len(allowed))])
-                if not c.accept_token(tok):
-                    break
-                ids.append(tok)
-                if c.is_terminated():
-                    break
-            text = tokenizer.decode(ids, skip_special_tokens=False)
-            valid += count_valid([text], tools)
-        arr = np.array(times) * 1e6
-        results[name] = {
-            "setup_s": setup_s,
-            "compile_ms": compile_ms,
-            "mask_us_mean": float(arr.mean()),
-            "mask_us_p50": float(np.median(arr)),
-            "mask_us_p99": float(np.percentile(arr, 99)),
-            "valid": valid,
-            "requests": n_requests,
-            "tokens": len(times),
-        }
-        p50, p99 = np.median(arr), np.percentile(arr, 99)
-        out(
-            f"{name:10s} setup {setup_s:5.1f} s  compile {compile_ms:8.1f} ms  mask mean {arr.mean():7.0f} us"
-            f"  p50 {p50:6.0f} us  p99 {p99:7.0f} us  valid {valid}/{n_requests}  ({len(times)} tokens)"
-        )
-    return results
+    t0 = time.perf_counter()
+    grammar = LLGuidanceBackend(vocab).compile(spec.lark)
+    compile_ms = (time.perf_counter() - t0) * 1e3
+    rng = np.random.default_rng(seed)
+    bitmask = torch.empty(1, vocab.mask_words, dtype=torch.int32)
+    times: list[float] = []
+    valid = 0
+    for _ in range(n_requests):
+        c = GrammarConstraint(grammar.matcher(), budget.cursor(), vocab)
+        ids: list[int] = []
+        for step in range(max_tokens):
+            bitmask.fill_(-1)
+            t0 = time.perf_counter()
+            c.fill_bitmask(bitmask, 0, max_tokens - step)
+            times.append(time.perf_counter() - t0)
+            allowed = allowed_ids(bitmask[0], vocab_size)
+            tok = int(allowed[rng.integers(len(allowed))])
+            if not c.accept_token(tok):
+                break
+            ids.append(tok)
+            if c.is_terminated():
+                break
+        text = tokenizer.decode(ids, skip_special_tokens=False)
+        valid += count_valid([text], tools)
+    arr = np.array(times) * 1e6
+    p50, p99 = np.median(arr), np.percentile(arr, 99)
+    out(
+        f"llguidance setup {setup_s:5.1f} s  compile {compile_ms:8.1f} ms  mask mean {arr.mean():7.0f} us"
+        f"  p50 {p50:6.0f} us  p99 {p99:7.0f} us  valid {valid}/{n_requests}  ({len(times)} tokens)"
+    )
+    return {
+        "budget_ms": budget_ms,
+        "setup_s": setup_s,
+        "compile_ms": compile_ms,
+        "mask_us_mean": float(arr.mean()),
+        "mask_us_p50": float(p50),
+        "mask_us_p99": float(p99),
+        "valid": valid,
+        "requests": n_requests,
+        "tokens": len(times),
+    }
 
 
 if __name__ == "__main__":
-    import sys
-
     from tokenizers import Tokenizer
 
     from engine.models.qwen_vocab import qwen_tokenizer_json
 
-    names = sys.argv[1:] or ["llguidance", "xgrammar", "outlines"]
-    measure_backends(Tokenizer.from_file(str(qwen_tokenizer_json())), names)
+    measure_masks(Tokenizer.from_file(str(qwen_tokenizer_json())))

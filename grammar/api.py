@@ -6,6 +6,8 @@ from typing import Any
 
 from grammar.compiler import compiler_for
 from grammar.constraint import GrammarConstraintFactory
+from grammar.dialects import Dialect, dialect_for
+from grammar.errors import GrammarInputError
 from grammar.tools import grammar_spec
 from grammar.vocab import vocab_for
 
@@ -18,36 +20,40 @@ def build_constraint(
     response_format: Any = None,
     max_tokens: int | None = None,
     vocab_size: int | None = None,
-    backend: str | None = None,
+    dialect: Dialect | str | None = None,
 ) -> GrammarConstraintFactory | None:
     """A ConstraintFactory for SamplingParams.constraint, None when nothing needs constraining.
 
-    Raises ValueError (message names the field) for: tool_choice naming an unknown function, a
-    mode that needs tools without any, unsupported schemas, and max_tokens below the shortest
-    valid output. With max_tokens the call waits for the budget tables of a new grammar (tens to
-    hundreds of ms, once per tool set; call it off the event loop); the backend compile goes on in
-    the background and the factory is ready() when it is done.
+    dialect: the tool-call dialect (a Dialect, a name, or None: detected from the tokenizer's chat
+    template). Raises GrammarInputError (message starts with the field's name) for: tool_choice
+    naming an unknown function, a mode that needs tools without any, schemas llguidance cannot
+    compile, and max_tokens below the shortest valid output. Any other exception is an internal
+    failure. With max_tokens the call waits for the budget tables of a new grammar (tens to hundreds
+    of ms, once per tool set; call it off the event loop); the llguidance compile goes on in the
+    background and the factory is ready() when it is done.
     """
-    spec = grammar_spec(tools, tool_choice, parallel_tool_calls, response_format)
+    if not isinstance(dialect, Dialect):
+        dialect = dialect_for(tokenizer, dialect)
+    vocab = vocab_for(tokenizer, vocab_size)
+    spec = grammar_spec(tools, tool_choice, parallel_tool_calls, response_format, dialect, vocab)
     if spec is None:
         return None
-    vocab = vocab_for(tokenizer, vocab_size)
-    factory = compiler_for(vocab, backend).submit(spec)
+    factory = compiler_for(vocab).submit(spec)
     if max_tokens is not None:
         need = factory.min_tokens
         if max_tokens < need:
             what = "tool call" if spec.mode in ("required",) or spec.mode.startswith("named:") else "output"
-            raise ValueError(
+            raise GrammarInputError(
                 f"max_tokens ({max_tokens}) is too small for the shortest valid {what} "
                 f"({need} tokens with the end-of-turn token); raise max_tokens to at least {need}"
             )
     return factory
 
 
-def warmup(tokenizer: Any, vocab_size: int | None = None, backend: str | None = None) -> None:
-    """Build the token tables and the backend's tokenizer index once (seconds), e.g. at start-up."""
+def warmup(tokenizer: Any, vocab_size: int | None = None) -> None:
+    """Build the token tables and llguidance's tokenizer once (seconds), e.g. at start-up."""
     from grammar.budget import vocab_tables
 
     vocab = vocab_for(tokenizer, vocab_size)
     vocab_tables(vocab)
-    compiler_for(vocab, backend)
+    compiler_for(vocab)

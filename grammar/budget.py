@@ -1,6 +1,7 @@
 """Token budget: calls complete within max_tokens.
 
-The grammar is a regex, so its language has a byte-level DFA (outlines_core builds it over a
+The budget's regex (tools.py: the grammar's structure, schemas widened where an exact regex would
+be huge or impossible) has a byte-level DFA (outlines_core builds it over a
 vocabulary of the 256 single bytes). On that DFA we precompute, per state s:
 
 - D[s]: tokens needed to finish from s, EOS included: a shortest path whose edges are real tokens,
@@ -10,7 +11,8 @@ vocabulary of the 256 single bytes). On that DFA we precompute, per state s:
   most that many bytes lands in a state whose D is at most J[c][s], without looking at the token.
 
 A request with r tokens left (the one being chosen included) may take token x only if
-D[s·x] <= r - 1. Invariant D[s] <= r (checked up front: max_tokens >= D[start], else ValueError).
+D[s·x] <= r - 1 - MARGIN. Invariant D[s] + MARGIN <= r (checked up front: max_tokens >= D[start] +
+MARGIN, else ValueError).
 Per step: if every token is safe (r - 1 >= the largest D there is) nothing is masked; else allowed =
 (tokens of at most LENGTHS[c] bytes, c the longest class with J[c][s] <= r - 1) | (helpers whose exact
 next state has D <= r - 1) | EOS. Helpers on a shortest path always qualify, so the mask is never
@@ -30,6 +32,10 @@ LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16)  # token byte-length classes
 END = 1  # the byte standing for EOS in the budget DFA (regex + END): only the END state is final
 START = 0  # a byte read before the regex (no grammar contains it): see _byte_dfa
 INF = np.int32(1 << 20)
+# tokens kept in reserve: llguidance allows only the canonical tokenization of text the grammar
+# forces (a forced `{}` is one token, never `{` then `},"`), which D, counted over any tokens, can
+# undercount by one token per forced stretch near the end
+MARGIN = 2
 _HELPER_DIST_STATES = 4096  # cached rows of BudgetAutomaton.helper_dist (H int32 each)
 _PUNCT = set(b'{}[]",: \n0123456789-.')
 _LITERAL_EXTRAS = ['", "', '": "', '": ', '"}', '"}}', "}}", '"]', "]}", "[]", "{}", "true", "false", "null"]
@@ -47,7 +53,7 @@ class _VocabTables:
             bits[: vocab.n_tokens] = (lens >= 1) & (lens <= k)
             bits[vocab.eos_id] = True
             self.class_masks[c] = bools_to_bitmask(bits).numpy().view(np.uint32)
-        # the byte-level token of each byte value (the tag tokens carry \x02 and \x03, EOS is END)
+        # the byte-level token of each byte value (marker tokens carry \x02-\x05, EOS is END)
         self.byte_token = np.full(256, -1, dtype=np.int64)
         self.byte_token[END] = vocab.eos_id
         self.by_bytes: dict[bytes, int] = {}
@@ -165,7 +171,7 @@ class BudgetAutomaton:
             js.append(jk.copy())
         self.worst = np.stack(js)  # (classes, n+1)
         self.max_dist = int(dist[live].max())  # bounds D after any token, however long
-        self.min_tokens = int(dist[self.start])
+        self.min_tokens = int(dist[self.start]) + MARGIN
         self._helper_dist: dict[int, np.ndarray] = {}
 
     def helper_dist(self, state: int) -> np.ndarray:
@@ -228,12 +234,18 @@ class BudgetCursor:
             self.state = self.history.pop()
 
     @property
+    def lost(self) -> bool:
+        """The output left the budget's language (its regex widens or approximates the grammar's,
+        e.g. object keys in another order): from here on the budget guarantees nothing."""
+        return self.state == self.auto.n_states
+
+    @property
     def dist(self) -> int:
-        return int(self.auto.dist[self.state])
+        return 1 if self.lost else int(self.auto.dist[self.state])
 
     def unrestricted(self, remaining: int) -> bool:
-        """True when no token can break the budget: the mask is left alone."""
-        return remaining - 1 >= self.auto.max_dist
+        """True when no token can break the budget (or the budget is lost): the mask is left alone."""
+        return self.lost or remaining - 1 - MARGIN >= self.auto.max_dist
 
     def restrict(self, bitmask_row: torch.Tensor, remaining: int, nearest: bool = False) -> bool:
         """AND the budget mask into one bitmask row (mask_words,) int32 (CPU); False if unrestricted.
@@ -244,8 +256,8 @@ class BudgetCursor:
         row = bitmask_row.numpy().view(np.uint32)  # the tensor's memory, edited in place
         if nearest:
             return self._nearest(row)
-        slack = remaining - 1  # D allowed after this token
-        if slack >= auto.max_dist:
+        slack = remaining - 1 - MARGIN  # D allowed after this token
+        if slack >= auto.max_dist or self.lost:
             return False
         words = row.shape[0]
         fits = np.nonzero(auto.worst[:, self.state] <= slack)[0]
@@ -264,6 +276,8 @@ class BudgetCursor:
     def _nearest(self, row: np.ndarray) -> bool:
         # row: (words,) uint32 view of the bitmask row
         auto = self.auto
+        if self.lost:
+            return False
         ids = auto.helper_ids
         in_row = (row[ids // 32] >> (ids % 32).astype(np.uint32)) & 1
         cand = ids[in_row.astype(bool)]

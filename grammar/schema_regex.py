@@ -1,8 +1,10 @@
-"""JSON schema -> byte-level regex, the one language all backends and the budget automaton compile.
+"""JSON schema -> byte-level regex, for the budget automaton (budget.py).
 
-outlines_core converts the schema (whitespace bounded by WS). What it does not enforce we patch in
-before it runs: integer/number bounds become a sentinel const, replaced afterwards by an exact
-integer-range regex (bounded numbers are generated as integers in range: valid, if narrower).
+The grammar itself is llguidance's (exact); the budget only needs a regex of about the same
+language, so schemas are widened where an exact regex would be huge or impossible
+(budget_schema_regex): long bounded repeats, counted patterns and recursion. outlines_core converts
+the schema (compact, as llguidance writes it); integer bounds become a sentinel const
+first, replaced afterwards by an integer-range regex.
 """
 
 from __future__ import annotations
@@ -10,15 +12,29 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 from typing import Any
 
 from outlines_core.json_schema import build_regex_from_schema
 
-WS = "[ ]?"  # at most one space wherever JSON allows whitespace: no loops on whitespace
+from grammar.errors import GrammarInputError
+
+# compact JSON, as llguidance writes it (tools.JSON_LAYOUT): no whitespace anywhere
+WS = ""
+
+
+def _layout(regex: str) -> str:
+    return regex.replace("[eE][+-][0-9]+", "[eE][+-]?[0-9]+")  # llguidance also writes 1E5
+
+
 _SENTINEL = "__chatloom_range_{}__"
 _DROP_KEYS = ("$schema", "$id", "title", "description", "default", "examples", "strict")
-# free text: no reserved control bytes (\x00 forbidden tokens, \x02/\x03 call tags)
-TEXT_CHAR = r"[^\x00-\x03<]"
+# bounds above these are widened to unbounded in the budget's schema: nested bounded repeats multiply
+# the byte DFA's states (maxItems 1000 of strings of maxLength 1000 would be a million states)
+LENGTH_LIMIT = 32  # minLength / maxLength, counted repeats in patterns
+ITEMS_LIMIT = 8  # minItems / maxItems / minProperties / maxProperties
+UNROLL_DEPTH = 3  # recursive $refs are unrolled this deep, then any JSON value
+MAX_BUDGET_REGEX = 200_000  # characters; a larger budget regex falls back to any JSON value
 
 
 def escape(text: str) -> str:
@@ -77,7 +93,7 @@ def _nonneg(lo: int, hi: int | None) -> list[str]:
 def int_range_regex(lo: int | None, hi: int | None) -> str:
     """Regex of the canonical decimal integers in [lo, hi] (None = unbounded on that side)."""
     if lo is not None and hi is not None and lo > hi:
-        raise ValueError(f"empty integer range [{lo}, {hi}] in schema")
+        raise GrammarInputError(f"empty integer range [{lo}, {hi}] in schema")
     alts: list[str] = []
     if lo is None or lo < 0:  # negative part: -(|x| in [max(1,-hi), -lo])
         neg_hi = None if lo is None else -lo
@@ -85,6 +101,8 @@ def int_range_regex(lo: int | None, hi: int | None) -> str:
         alts += ["-" + p for p in _nonneg(neg_lo, neg_hi)]
     if hi is None or hi >= 0:
         alts += _nonneg(max(lo or 0, 0), hi)
+        if lo is None or lo <= 0:
+            alts.append("-0")  # JSON's negative zero, which llguidance also writes: it equals 0
     return "(?:" + "|".join(alts) + ")"
 
 
@@ -153,33 +171,89 @@ def json_schema_regex(schema: dict | bool) -> str:
     for key, sub in ranges.items():
         quoted = build_regex_from_schema(json.dumps({"const": key}))
         regex = regex.replace(quoted, sub)
-    return regex
+    return _layout(regex)
 
 
-def _avoid(word: str) -> str:
-    # after a "<": text that deviates from `word` before finishing it (never "<" itself at a deviation)
-    if not word:
-        raise ValueError("empty word")
-    head, rest = escape(word[0]), word[1:]
-    deviate = f"[^\\x00-\\x03<{head}]"
-    if not rest:
-        return deviate
-    return f"(?:{deviate}|{head}{_avoid(rest)})"
+_COUNTED = re.compile(r"\{(\d+)(?:,(\d*))?\}")
+_LOCAL_REF = re.compile(r"^#(?:/(?:\$defs|definitions)/([^/]+))?$")
 
 
-def _prefix(word: str) -> str:
-    # a proper prefix of `word` (possibly empty), at the end of the text
-    if len(word) <= 1:
-        return ""
-    return f"(?:{escape(word[0])}{_prefix(word[1:])})?"
+def _small_pattern(pattern: Any) -> bool:
+    # a pattern the budget may keep: no counted repeat above the limit
+    if not isinstance(pattern, str):
+        return False
+    return all(
+        int(a) <= LENGTH_LIMIT and (not b or int(b) <= LENGTH_LIMIT) for a, b in _COUNTED.findall(pattern)
+    )
 
 
-def free_text_regex() -> str:
-    """Any text without call tags, spelled with ordinary tokens or not ("<tool_call>", "</tool_call>").
+def _widen(node: Any, root: dict, depth: int) -> Any:
+    """The budget's schema: a superset where the exact regex would be huge (long bounded repeats,
+    counted patterns) and recursion unrolled UNROLL_DEPTH deep, then any value."""
+    if isinstance(node, list):
+        return [_widen(x, root, depth) for x in node]
+    if not isinstance(node, dict):
+        return node
+    ref = node.get("$ref")
+    if isinstance(ref, str):
+        m = _LOCAL_REF.match(ref)
+        if m is None:
+            return {}
+        if depth >= UNROLL_DEPTH:
+            return {}
+        target = (
+            root
+            if m.group(1) is None
+            else (root.get("$defs") or root.get("definitions") or {}).get(m.group(1))
+        )
+        if not isinstance(target, dict):
+            return {}
+        merged = {k: v for k, v in target.items() if k not in ("$defs", "definitions")}
+        merged.update({k: v for k, v in node.items() if k != "$ref"})
+        return _widen(merged, root, depth + 1)
+    out = {}
+    for k, v in node.items():
+        if k in _DROP_KEYS and not isinstance(v, dict) or k in ("$defs", "definitions", "format"):
+            continue
+        if k in ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"):
+            limit = LENGTH_LIMIT if k.endswith("Length") else ITEMS_LIMIT
+            if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= limit:
+                out[k] = v
+            continue
+        if k == "pattern":
+            if _small_pattern(v):
+                out[k] = v
+            continue
+        if k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+            # integers keep their range; numbers are any number (llguidance writes decimals in range)
+            ok = isinstance(v, bool) or (isinstance(v, int | float) and math.isfinite(v) and abs(v) < 1e15)
+            if ok and node.get("type") == "integer":
+                out[k] = v
+            continue
+        if k == "properties" and isinstance(v, dict):
+            out[k] = {name: _widen(sub, root, depth) for name, sub in v.items()}
+        elif k in ("enum", "const"):
+            out[k] = v
+        else:
+            out[k] = _widen(v, root, depth)
+    return out
 
-    After a run of "<" the text must deviate from both tags (with any char but "<") or end; so
-    "<tool_c<" is refused: a harmless narrowing that keeps the regex a plain nesting.
-    """
-    after_lt = f"(?:[^\\x00-\\x03<t/]|t{_avoid('ool_call>')}|/{_avoid('tool_call>')})"
-    tail = f"(?:<+(?:t{_prefix('ool_call>')}|/{_prefix('tool_call>')})?)?"
-    return f"(?:{TEXT_CHAR}|<+{after_lt})*{tail}"
+
+def _any_json_regex() -> str:
+    return _layout(build_regex_from_schema("{}", whitespace_pattern=WS))
+
+
+def budget_schema_regex(schema: Any) -> str:
+    """A regex for the budget automaton of about the schema's language (see _widen); any JSON value
+    where even the widened schema has no regex."""
+    if schema is None:
+        schema = {"type": "object", "properties": {}}
+    if schema is True or not isinstance(schema, dict):
+        return _any_json_regex()
+    try:
+        regex = json_schema_regex(_widen(copy.deepcopy(schema), schema, 0))
+    except GrammarInputError:
+        raise  # the schema admits no value at all
+    except (ValueError, RecursionError, OverflowError):
+        return _any_json_regex()
+    return regex if len(regex) <= MAX_BUDGET_REGEX else _any_json_regex()

