@@ -16,6 +16,7 @@ are built per call (a fraction of a second at TINY_SHAPE)."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import shutil
@@ -27,7 +28,7 @@ from engine.models.qwen_vocab import cache_dir
 FAMILIES = ("qwen", "smollm2", "mistral_v3", "mistral_tekken", "llama3")
 TEMPLATES = Path(__file__).with_name("families")
 # bump when a converted tokenizer's content changes, so stale caches are not reused
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 MISTRAL_CONTROL = (
     "[INST]",
@@ -130,9 +131,10 @@ def _convert(family: str):
     if family in ("mistral_tekken", "llama3"):
         from transformers.integrations.mistral import convert_tekken_tokenizer
 
+        # tiktoken-style ranks -> byte-level BPE; the 1000 special ranks first ([INST] = 3, ...)
         tok = convert_tekken_tokenizer(str(mistral_data(TEKKEN_JSON)), chat_template="")
         tok.init_kwargs.pop("vocab_file", None)  # else save_pretrained keeps pointing at tekken.json
-        if family == "llama3":
+        if family == "llama3":  # Llama 3's header tokens appended after the tekken ids
             tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in LLAMA3_SPECIAL])
             tok.bos_token = "<|begin_of_text|>"
             tok.eos_token = "<|eot_id|>"
@@ -152,6 +154,7 @@ def family_tokenizer_dir(family: str) -> Path:
     tmp = folder.with_name(f"{folder.name}.building")
     shutil.rmtree(tmp, ignore_errors=True)
     tok = _convert(family)
+    _check_control_tokens(family, tok)
     tok.clean_up_tokenization_spaces = False
     tok.save_pretrained(tmp)
     for stray in ("chat_template.jinja", "tekken.json", "special_tokens_map.json"):
@@ -164,12 +167,44 @@ def family_tokenizer_dir(family: str) -> Path:
     if family == "smollm2":  # the GGUF's template, kept beside the tokenizer for build_family_checkpoint
         (tmp / "gguf_chat_template.jinja").write_text(tok.chat_template)
     cfg_path.write_text(json.dumps(cfg, indent=1, ensure_ascii=False))
+    # what build_family_checkpoint needs, so that it never parses the (17 MB) tokenizer.json again
+    spec, vocab = SPECS[family], tok.get_vocab()
+    named = [t for t in (*spec.eos, spec.bos, spec.call_open, spec.call_close) if t]
+    missing = [t for t in named if t not in vocab]
+    if missing:
+        raise RuntimeError(f"{family}: {missing} not in the converted vocabulary")
+    meta = {"size": len(tok), "ids": {t: vocab[t] for t in named}}
+    (tmp / "family.json").write_text(json.dumps(meta, indent=1))
     shutil.rmtree(folder, ignore_errors=True)
     try:
         tmp.rename(folder)
     except OSError:  # another process finished first
         shutil.rmtree(tmp, ignore_errors=True)
     return folder
+
+
+def _check_control_tokens(family: str, tok) -> None:
+    """Mistral's control tokens are special added tokens of the converted tokenizer, at the ids the
+    source vocabulary gives them (a SentencePiece control piece; a tekken special token)."""
+    if family == "mistral_v3":
+        import sentencepiece
+
+        sp = sentencepiece.SentencePieceProcessor(model_file=str(mistral_data(MISTRAL_V3_MODEL)))
+        source = {t: sp.piece_to_id(t) for t in MISTRAL_CONTROL}
+        not_control = [t for t, i in source.items() if not sp.is_control(i)]
+        if not_control:
+            raise RuntimeError(f"{not_control} are no control pieces of the v3 SentencePiece model")
+    elif family in ("mistral_tekken", "llama3"):
+        from mistral_common.tokens.tokenizers.tekken import Tekkenizer
+
+        tekken = Tekkenizer.from_file(str(mistral_data(TEKKEN_JSON)))
+        source = {t: tekken.get_special_token(t) for t in MISTRAL_CONTROL}
+    else:
+        return
+    special = {t.content: i for i, t in tok.added_tokens_decoder.items() if t.special}
+    moved = {t: (i, special.get(t)) for t, i in source.items() if special.get(t) != i}
+    if moved:
+        raise RuntimeError(f"{family}: control tokens not special at their ids (source, converted): {moved}")
 
 
 def _vocab_rows(n: int) -> int:
@@ -203,25 +238,28 @@ def build_family_checkpoint(folder: str | Path, family: str, seed: int = 0) -> P
         from engine.models.tiny import build_checkpoint
 
         return build_checkpoint(folder, spec.arch, seed=seed)
-    from transformers import AutoTokenizer
-
     src = family_tokenizer_dir(family)
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(src / name, folder / name)
     template = src / "gguf_chat_template.jinja" if spec.template is None else TEMPLATES / spec.template
     (folder / "chat_template.jinja").write_text(template.read_text())
-    tok = AutoTokenizer.from_pretrained(folder)
-    vocab = tok.get_vocab()
-    missing = [t for t in (*spec.eos, spec.bos, spec.call_open, spec.call_close) if t and t not in vocab]
-    if missing:
-        raise RuntimeError(f"{family}: {missing} not in the converted vocabulary")
-    eos_ids = [vocab[t] for t in spec.eos]
-    bos_id = vocab[spec.bos] if spec.bos else None
-    _save_model(folder, spec.arch, _vocab_rows(len(tok)), bos_id, eos_ids, seed)
+    meta = json.loads((src / "family.json").read_text())
+    eos_ids = [meta["ids"][t] for t in spec.eos]
+    bos_id = meta["ids"][spec.bos] if spec.bos else None
+    _save_model(folder, spec.arch, _vocab_rows(meta["size"]), bos_id, eos_ids, seed)
     gen = {"bos_token_id": bos_id, "eos_token_id": eos_ids, "do_sample": False}
     (folder / "generation_config.json").write_text(json.dumps(gen))
     return folder
+
+
+@functools.cache
+def load_tokenizer(folder: Path):
+    """The checkpoint's HF tokenizer, loaded once per process (a tekken tokenizer.json takes seconds);
+    shared between tests: do not add tokens to it."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
 
 
 def special_ids(tok, family: str) -> dict[str, int | list[int] | None]:

@@ -229,9 +229,9 @@ FAMILY_TEXTS = [
 
 @pytest.fixture(scope="module", params=["qwen", "smollm2", "mistral_v3", "mistral_tekken", "llama3"])
 def family_tok(request, family_checkpoint):
-    from transformers import AutoTokenizer
+    from tests.families import load_tokenizer
 
-    return request.param, AutoTokenizer.from_pretrained(family_checkpoint(request.param))
+    return request.param, load_tokenizer(family_checkpoint(request.param))
 
 
 def check_exact(tok, ids, skip_special, prompt=(), stop=()):
@@ -309,9 +309,9 @@ def test_family_stop_strings_cut_exactly(family_tok):
 def test_sentencepiece_first_piece_drops_its_space(family_checkpoint):
     """The output's first '▁' is no space after the prompt (as decode(output ids) and mistral-common
     say): "[/INST]" then "▁It▁is" streams "It is"."""
-    from transformers import AutoTokenizer
+    from tests.families import load_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(family_checkpoint("mistral_v3"))
+    tok = load_tokenizer(family_checkpoint("mistral_v3"))
     prompt = tok.encode("<s>[INST] Hi[/INST]", add_special_tokens=False)
     ids = tok.encode("[/INST] It is  here.", add_special_tokens=False)[1:]
     assert tok.convert_ids_to_tokens(ids)[0] == "▁It"
@@ -323,9 +323,9 @@ def test_byte_fallback_run_waits_for_its_end(family_checkpoint):
     """SentencePiece byte fallback decodes a <0xNN> run all or nothing: "é" as two byte tokens is
     handed out only when a non-byte token ends the run, since a third byte could make all of it
     U+FFFD; a skipped special token inside a run does not end it."""
-    from transformers import AutoTokenizer
+    from tests.families import load_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(family_checkpoint("mistral_v3"))
+    tok = load_tokenizer(family_checkpoint("mistral_v3"))
     v = tok.get_vocab()
     c3, a9, b80, word = v["<0xC3>"], v["<0xA9>"], v["<0x80>"], v["▁ok"]
     assert tok.decode([c3, a9]) == "é" and tok.decode([c3, a9, b80]) == "\ufffd" * 3

@@ -10,7 +10,16 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from tests.families import FAMILIES, MISTRAL_CONTROL, SPECS, special_ids
+from tests.families import (
+    FAMILIES,
+    MISTRAL_CONTROL,
+    MISTRAL_V3_MODEL,
+    SPECS,
+    TEKKEN_JSON,
+    load_tokenizer,
+    mistral_data,
+    special_ids,
+)
 
 MAX_NEW = 8
 TIE = 1e-4
@@ -80,10 +89,8 @@ EXPECTED_IDS = {
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def family(request, family_checkpoint):
-    from transformers import AutoTokenizer
-
     path = family_checkpoint(request.param)
-    return request.param, path, AutoTokenizer.from_pretrained(path)
+    return request.param, path, load_tokenizer(path)
 
 
 def test_checkpoint_folder(family):
@@ -169,24 +176,19 @@ def _mistral_common_request(messages, tools):
     return ChatCompletionRequest(messages=out, tools=[Tool(**t) for t in tools])
 
 
-@pytest.mark.parametrize(
-    "name,source",
-    [("mistral_v3", "mistral_instruct_tokenizer_240323.model.v3"), ("mistral_tekken", "tekken_240911.json")],
-)
-@pytest.mark.parametrize("turns", [2, 4, len(CONVERSATION)])  # each ends in a user or tool turn
-def test_mistral_template_matches_mistral_common(family_checkpoint, name, source, turns):
-    """Our template, encoded by the converted HF tokenizer, gives mistral-common's own token ids."""
+@pytest.mark.parametrize("name,source", [("mistral_v3", MISTRAL_V3_MODEL), ("mistral_tekken", TEKKEN_JSON)])
+def test_mistral_template_matches_mistral_common(family_checkpoint, name, source):
+    """Our template, encoded by the converted HF tokenizer, gives mistral-common's own token ids, for
+    the conversation cut after each user or tool turn (tools, a call, results, a reply, parallel calls)."""
     from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
-    from transformers import AutoTokenizer
-
-    from tests.families import mistral_data
 
     reference = MistralTokenizer.from_file(str(mistral_data(source)))
-    messages = CONVERSATION[:turns]
-    want = reference.encode_chat_completion(_mistral_common_request(messages, TOOLS)).tokens
-    tok = AutoTokenizer.from_pretrained(family_checkpoint(name))
-    text = tok.apply_chat_template(messages, tools=TOOLS, tokenize=False, add_generation_prompt=True)
-    assert tok.encode(text, add_special_tokens=False) == want
+    tok = load_tokenizer(family_checkpoint(name))
+    for turns in (2, 4, len(CONVERSATION)):
+        messages = CONVERSATION[:turns]
+        want = reference.encode_chat_completion(_mistral_common_request(messages, TOOLS)).tokens
+        text = tok.apply_chat_template(messages, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+        assert tok.encode(text, add_special_tokens=False) == want, turns
     # the control tokens keep mistral-common's ids
     inner = reference.instruct_tokenizer.tokenizer
     assert [tok.convert_tokens_to_ids(t) for t in MISTRAL_CONTROL] == [
