@@ -3,35 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
-import inspect
 import logging
 from typing import Any
 
 from app.errors import APIError
+from grammar import api
+from grammar.dialects import Dialect
+from grammar.errors import GrammarInputError
 
 log = logging.getLogger("chatloom.constraints")
 
 _PARAMS = ("max_tokens", "tool_choice", "tools", "response_format", "parallel_tool_calls")
 
 
-def grammar_api() -> Any | None:
-    try:
-        return importlib.import_module("grammar.api")
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("grammar.api", "grammar"):
-            raise  # grammar.api exists but a dependency of it is missing: a real error
-        return None
-
-
 def warmup(tokenizer: Any, vocab_size: int | None) -> None:
     """Build the grammar token tables at start-up (seconds) rather than in the first tool request."""
-    api = grammar_api()
-    if api is not None and hasattr(api, "warmup"):
-        try:
-            api.warmup(tokenizer, vocab_size)
-        except Exception:
-            log.exception("grammar warm-up failed; grammars will be built on first use")
+    try:
+        api.warmup(tokenizer, vocab_size)
+    except Exception:
+        log.exception("grammar warm-up failed; grammars will be built on first use")
 
 
 async def build_constraint(
@@ -43,20 +33,20 @@ async def build_constraint(
     response_format: dict[str, Any] | None,
     max_tokens: int,
     vocab_size: int | None = None,
+    dialect: Dialect | None = None,
     timeout_s: float = 30.0,
 ) -> Any | None:
-    """A ConstraintFactory for SamplingParams.constraint, or None (nothing to constrain, or no
-    grammar backend: then decoding is unconstrained). vocab_size: the model's logits width, which
-    can exceed the tokenizer's (padded embedding rows must be masked too).
+    """A ConstraintFactory for SamplingParams.constraint, or None (nothing to constrain).
+    vocab_size: the model's logits width, which can exceed the tokenizer's (padded embedding rows
+    must be masked too); dialect: the model's tool-call dialect (None: from its chat template).
 
-    A grammar that takes longer than timeout_s to build does not hold the request: with tools in
-    auto/none mode decoding goes on unconstrained (the parser still extracts calls); when the
-    client demanded structure (required, a named function, a JSON response_format) it is a 400."""
+    The request's own mistakes (GrammarInputError) are a 400 naming the field; any other failure
+    while building the grammar is ours and propagates as a 500. A grammar that takes longer than
+    timeout_s to build does not hold the request: with tools in auto/none mode decoding goes on
+    unconstrained (the parser still extracts calls); when the client demanded structure (required,
+    a named function, a JSON response_format) it is a 400."""
     wants_format = response_format is not None and response_format.get("type") != "text"
     if not tools and not wants_format:
-        return None
-    api = grammar_api()
-    if api is None:
         return None
     kwargs: dict[str, Any] = dict(
         tools=tools or None,
@@ -64,9 +54,9 @@ async def build_constraint(
         parallel_tool_calls=parallel_tool_calls,
         response_format=response_format if wants_format else None,
         max_tokens=max_tokens,
+        vocab_size=vocab_size,
+        dialect=dialect,
     )
-    if vocab_size is not None and "vocab_size" in inspect.signature(api.build_constraint).parameters:
-        kwargs["vocab_size"] = vocab_size
     try:
         # a new grammar's tables take tens to hundreds of ms: keep them off the event loop
         return await asyncio.wait_for(asyncio.to_thread(api.build_constraint, tokenizer, **kwargs), timeout_s)
@@ -82,7 +72,7 @@ async def build_constraint(
                 code="grammar_timeout",
             ) from None
         return None
-    except ValueError as exc:
+    except GrammarInputError as exc:
         message = str(exc)
         param = next((p for p in _PARAMS if message.startswith(p)), None)
         raise APIError(message, param=param) from exc

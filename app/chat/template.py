@@ -1,18 +1,20 @@
 """Prompt rendering with the checkpoint's own chat template (transformers' apply_chat_template),
-tools included. Fallbacks: a checkpoint without a template gets our ChatML template; a template
-that ignores `tools` gets the tools, calls and results written into the messages as text, in the
-Hermes form that the tool-call parser reads back."""
+tools included, in the model family's tool-call dialect (grammar/dialects.py). Fallbacks: a
+checkpoint without a template gets our ChatML template; a template that ignores `tools` (the generic
+dialect) gets the tools, calls and results written into the messages as text, in the form the
+grammar constrains and the tool-call parser reads back."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.chat.tool_parser import HERMES, ToolCallFormat
 from app.errors import APIError
+from grammar.dialects import MISTRAL, Dialect, resolve, template_source
 
 log = logging.getLogger("chatloom.template")
 
@@ -20,9 +22,8 @@ FALLBACK_TEMPLATE = (Path(__file__).with_name("fallback_template.jinja")).read_t
 
 _TOOLS_INTRO = (
     "# Tools\n\nYou may call functions. Their signatures are inside <tools></tools>:\n<tools>\n{tools}\n"
-    "</tools>\n\nTo call a function, write a JSON object with its name and arguments inside "
-    '<tool_call></tool_call> tags:\n<tool_call>\n{{"name": <function-name>, "arguments": '
-    "<args-json-object>}}\n</tool_call>"
+    "</tools>\n\nTo call a function, reply with a JSON object with its name and arguments, "
+    "exactly like this:\n{example}"
 )
 
 
@@ -66,33 +67,34 @@ def _args_value(arguments: str) -> Any:
     return value if isinstance(value, dict) else arguments
 
 
-def _template_source(tokenizer: Any) -> str | None:
-    template = getattr(tokenizer, "chat_template", None)
-    if isinstance(template, dict):  # named templates: "default" and "tool_use"
-        return template.get("tool_use") or template.get("default")
-    return template or None
-
-
 class PromptRenderer:
-    def __init__(self, tokenizer: Any) -> None:
+    """tool_call_format: a dialect name (`--tool-call-format`), or None/"auto": the template's own."""
+
+    def __init__(self, tokenizer: Any, tool_call_format: str | None = None) -> None:
         self.tokenizer = tokenizer
-        source = _template_source(tokenizer)
+        source = template_source(tokenizer)
         self.has_template = source is not None
         self.template = source if source is not None else FALLBACK_TEMPLATE
-        self.supports_tools = "tools" in self.template
-        self.tool_format: ToolCallFormat = HERMES
+        name = tool_call_format or getattr(tokenizer, "tool_call_format", None)
+        self.dialect: Dialect = resolve(name, self.template)
+        self.tool_format = self.dialect  # what the tool-call parser reads
+        # the template renders tools and calls itself, unless it knows none or the dialect is ours
+        self.supports_tools = "tools" in self.template and not self.dialect.in_prompt
         if not self.has_template:
             log.warning("the checkpoint has no chat template; using chatloom's ChatML fallback")
         elif not self.supports_tools:
             log.warning("the chat template ignores tools; tools are written into the system message")
+        log.info("tool calls in the %s dialect", self.dialect.name)
 
     def render(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None) -> str:
         has_tool_turns = any(m.tool_calls or m.role == "tool" for m in messages)
         if not self.supports_tools and (tools or has_tool_turns):
-            convo = _tools_as_text(messages, tools or [])
+            convo = _tools_as_text(messages, tools or [], self.dialect)
             tools = None
         else:
             convo = [m.to_template() for m in messages]
+            if self.dialect is MISTRAL:
+                _short_call_ids(convo)
         try:
             text = self.tokenizer.apply_chat_template(
                 convo,
@@ -113,16 +115,47 @@ class PromptRenderer:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
 
-def _call_text(name: str, arguments: str) -> str:
-    return f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": {arguments or "{}"}}}\n</tool_call>'
+def _short_call_ids(convo: list[dict[str, Any]]) -> None:
+    """Mistral's templates demand call ids of 9 letters and digits: map every id to one, the same
+    for a call and its result."""
+
+    def short(call_id: str) -> str:
+        if len(call_id) == 9 and call_id.isalnum():
+            return call_id
+        return hashlib.sha256(call_id.encode()).hexdigest()[:9]
+
+    for m in convo:
+        for c in m.get("tool_calls") or []:
+            c["id"] = short(c["id"])
+        if m.get("tool_call_id") is not None:
+            m["tool_call_id"] = short(m["tool_call_id"])
 
 
-def _tools_as_text(messages: list[ChatMessage], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _calls_text(dialect: Dialect, calls: list[dict[str, Any]]) -> str:
+    """Calls written the way the dialect's grammar makes the model write them."""
+    bodies = [
+        f'{{"name": {json.dumps(c["function"]["name"])}, "{dialect.args_key}": '
+        f"{c['function']['arguments'] or '{}'}}}"
+        for c in calls
+    ]
+    if dialect.list_form:
+        return f"{dialect.open}[{dialect.sep.join(bodies)}]"
+    return dialect.sep.join(f"{dialect.open}{b}{dialect.close}" for b in bodies)
+
+
+def _tools_as_text(
+    messages: list[ChatMessage], tools: list[dict[str, Any]], dialect: Dialect
+) -> list[dict[str, Any]]:
     """For templates without tool support: every tool concept becomes plain message text."""
     out: list[dict[str, Any]] = []
     rest = messages
     if tools:
-        intro = _TOOLS_INTRO.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+        example = _calls_text(
+            dialect, [{"function": {"name": "<function-name>", "arguments": "<args-json-object>"}}]
+        )
+        intro = _TOOLS_INTRO.format(
+            tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools), example=example
+        )
         if messages and messages[0].role == "system":
             out.append({"role": "system", "content": messages[0].content + "\n\n" + intro})
             rest = messages[1:]
@@ -130,9 +163,9 @@ def _tools_as_text(messages: list[ChatMessage], tools: list[dict[str, Any]]) -> 
             out.append({"role": "system", "content": intro})
     for m in rest:
         if m.role == "assistant" and m.tool_calls:
-            calls = [_call_text(c["function"]["name"], c["function"]["arguments"]) for c in m.tool_calls]
+            calls = _calls_text(dialect, m.tool_calls)
             out.append(
-                {"role": "assistant", "content": "\n".join(([m.content] if m.content else []) + calls)}
+                {"role": "assistant", "content": "\n".join(([m.content] if m.content else []) + [calls])}
             )
         elif m.role == "tool":
             text = f"<tool_response>\n{m.content}\n</tool_response>"

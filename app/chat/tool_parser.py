@@ -1,7 +1,9 @@
 """Streaming parser of the model's tool-call text into OpenAI tool-call deltas.
 
-The model writes calls in its template's form, by default Hermes/Qwen:
+The model writes calls in its family's dialect (grammar/dialects.py), by default Hermes/Qwen:
     <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>
+Mistral's `[TOOL_CALLS][{...}, {...}]` and Llama 3's bare `{"name": ..., "parameters": ...}` (the
+whole reply, calls separated by ";") are read the same way.
 Text deltas go in with feed(); out come events: Content (text outside calls), CallStart (index, id,
 name: emitted once the name is complete) and CallArgs (fragments of the arguments JSON, streamed as
 generated). Joined fragments equal what the same text fed whole produces. Call markup never reaches
@@ -16,21 +18,28 @@ import secrets
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+
+from grammar.dialects import HERMES, Dialect
 
 _ID_CHARS = string.ascii_letters + string.digits
 
 
-def new_call_id() -> str:
-    return "call_" + "".join(secrets.choice(_ID_CHARS) for _ in range(24))
+def new_call_id(length: int = 24) -> str:
+    """An OpenAI-style call id; Mistral's dialect asks for 9 characters and no prefix."""
+    body = "".join(secrets.choice(_ID_CHARS) for _ in range(length))
+    return body if length < 24 else "call_" + body
 
 
-@dataclass(frozen=True)
 class ToolCallFormat:
-    start: str = "<tool_call>"
-    end: str = "</tool_call>"
+    """The markers the parser looks for, from a dialect."""
 
-
-HERMES = ToolCallFormat()
+    def __init__(self, dialect: Dialect = HERMES):
+        self.dialect = dialect
+        self.start = dialect.open.strip()  # "" : a bare JSON call at the start of the reply
+        self.end = dialect.close.strip()  # "" : nothing closes a call (list or separator form)
+        self.list_form = dialect.list_form
+        self.sep = dialect.sep.strip()  # between calls of the list / bare forms
 
 
 @dataclass
@@ -70,12 +79,12 @@ class ToolCallParser:
     def __init__(
         self,
         enabled: bool = True,
-        fmt: ToolCallFormat = HERMES,
-        id_factory: Callable[[], str] = new_call_id,
+        fmt: Dialect | ToolCallFormat = HERMES,
+        id_factory: Callable[[], str] | None = None,
     ) -> None:
         self.enabled = enabled
-        self.fmt = fmt
-        self.id_factory = id_factory
+        self.fmt = fmt if isinstance(fmt, ToolCallFormat) else ToolCallFormat(fmt)
+        self.id_factory = id_factory or partial(new_call_id, self.fmt.dialect.call_id_length)
         self.num_calls = 0
         self.content_emitted = False
         self._buf = ""
@@ -89,6 +98,9 @@ class ToolCallParser:
         self._string_value = False  # the arguments value is a JSON string (double-encoded)
         self._scalar = False
         self._raw_value = ""  # the value so far, for string values that are decoded at the end
+        self._list_open = False  # list form: the "[" before the first call is still to be read
+        self._text_only = False  # bare form: the reply began as text, so it holds no call
+        self._obj_closed = False  # list and bare forms: the call object's "}" has been read
 
     @property
     def made_calls(self) -> bool:
@@ -147,20 +159,49 @@ class ToolCallParser:
             self.content_emitted = True
 
     def _step_text(self, events: list[Event]) -> bool:
+        if not self.fmt.start:
+            return self._step_bare_text(events)
         start = self._buf.find(self.fmt.start)
         if start >= 0:
             self._content(self._buf[:start], events)
             self._buf = self._buf[start + len(self.fmt.start) :]
             self._mode = "header"
+            self._list_open = self.fmt.list_form
             return True
         keep = _partial_suffix(self._buf, self.fmt.start)
         self._content(self._buf[: len(self._buf) - keep], events)
         self._buf = self._buf[len(self._buf) - keep :]
         return False
 
+    def _step_bare_text(self, events: list[Event]) -> bool:
+        # a bare JSON call is the whole reply: "{" first decides, text first rules calls out
+        if self._text_only or self.made_calls or self.content_emitted:
+            self._content(self._buf, events)
+            self._buf = ""
+            return False
+        head = self._buf.lstrip(_WS)
+        if not head:
+            return False  # only whitespace so far: undecided
+        if head.startswith("{"):
+            self._buf = head
+            self._mode = "header"
+            return True
+        self._text_only = True
+        self._content(self._buf, events)
+        self._buf = ""
+        return False
+
     # ---- a call ------------------------------------------------------------------------------
 
     def _step_header(self, events: list[Event]) -> bool:
+        if self._list_open:
+            head = self._buf.lstrip(_WS)
+            if not head:
+                return False
+            if head.startswith("["):
+                head = head[1:]
+            self._buf = head
+            self._list_open = False
         match = _HEADER.match(self._buf)
         if match:
             try:
@@ -172,7 +213,7 @@ class ToolCallParser:
             self._mode = "args"
             self._reset_scanner()
             return True
-        end = self._buf.find(self.fmt.end)
+        end = self._buf.find(self.fmt.end) if self.fmt.end else -1
         if end >= 0:
             # not the well-ordered prefix (keys swapped, other spacing): parse the whole object
             body, self._buf = self._buf[:end], self._buf[end + len(self.fmt.end) :]
@@ -275,7 +316,7 @@ class ToolCallParser:
         if done:
             self._mode = "tail"
             return True
-        if self._buf.startswith(self.fmt.end):
+        if self.fmt.end and self._buf.startswith(self.fmt.end):
             # the call ended before its arguments value did (truncated or malformed)
             self._buf = self._buf[len(self.fmt.end) :]
             self._mode = "text"
@@ -283,6 +324,8 @@ class ToolCallParser:
         return False
 
     def _at_end_tag(self, buf: str, i: int) -> bool:
+        if not self.fmt.end:
+            return False
         rest = buf[i:]
         return rest.startswith(self.fmt.end) or self.fmt.end.startswith(rest)
 
@@ -298,7 +341,10 @@ class ToolCallParser:
         self._raw_value = ""
 
     def _step_tail(self, events: list[Event]) -> bool:
-        # after the arguments value: the object's closing brace, whitespace, then the end tag
+        # after the arguments value: the object's closing brace, whitespace, then the end tag (or,
+        # in the list and bare forms, the separator before the next call or the list's end)
+        if not self.fmt.end:
+            return self._step_joined_tail()
         end = self._buf.find(self.fmt.end)
         if end >= 0:
             self._buf = self._buf[end + len(self.fmt.end) :]
@@ -312,6 +358,29 @@ class ToolCallParser:
             return True
         return False
 
+    def _step_joined_tail(self) -> bool:
+        if not self._obj_closed:
+            close = self._buf.find("}")
+            if close < 0:
+                return False
+            self._buf = self._buf[close + 1 :]
+            self._obj_closed = True
+        rest = self._buf.lstrip(_WS)
+        if not rest:
+            self._buf = ""
+            return False  # the separator or the end is still to come
+        self._obj_closed = False
+        if self.fmt.sep and rest.startswith(self.fmt.sep):
+            self._buf = rest[len(self.fmt.sep) :]
+            self._mode = "header"
+            return True
+        if self.fmt.list_form and rest.startswith("]"):
+            rest = rest[1:]
+        self._buf = rest
+        self._mode = "text"
+        self._text_only = True  # whatever follows the calls is text
+        return True
+
 
 @dataclass
 class ParsedCall:
@@ -321,7 +390,10 @@ class ParsedCall:
 
 
 def parse_whole(
-    text: str, enabled: bool = True, fmt: ToolCallFormat = HERMES, id_factory: Callable[[], str] = new_call_id
+    text: str,
+    enabled: bool = True,
+    fmt: Dialect | ToolCallFormat = HERMES,
+    id_factory: Callable[[], str] | None = None,
 ) -> tuple[str | None, list[ParsedCall]]:
     """Non-streaming: (content or None, calls) of a finished text, through the same parser."""
     parser = ToolCallParser(enabled, fmt, id_factory)
