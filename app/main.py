@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app import admission
 from app.chat import constraints
 from app.chat.serving import Serving
 from app.errors import BodyLimitMiddleware, InternalErrorMiddleware, install_error_handlers
@@ -140,6 +141,7 @@ def create_app(settings: Settings | None = None, engine: Any = None) -> FastAPI:
     app.state.metrics = Metrics(lambda: app.state.engine)
 
     install_error_handlers(app)
+    admission.install(app)  # 429 with Retry-After (per-caller limits, app.admission)
     from app.api import docs, health, openai, responses
 
     app.include_router(docs.router)

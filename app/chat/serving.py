@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 
+from app.admission import admit
 from app.chat.constraints import build_constraint
 from app.chat.generation import (
     EngineRun,
@@ -258,7 +259,9 @@ class Serving:
             # stop tokens are never detokenized, so nothing else special reaches the text
             skip_special_tokens=use_tools is None,
         )
-        return Prepared(request_id, prompt_ids, params, use_tools is not None, top_logprobs, model)
+        prep = Prepared(request_id, prompt_ids, params, use_tools is not None, top_logprobs, model)
+        admit(self, prep)  # 429 beyond the caller's share of sequences and prompt tokens
+        return prep
 
     async def prepare_chat(
         self, req: ChatCompletionRequest, session_id: str | None = None, db: Any = None
