@@ -380,3 +380,32 @@ def test_a_bug_is_logged_once_with_its_traceback(fake_engine, tmp_path, monkeypa
         assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
     tracebacks = [rec for rec in caplog.records if rec.exc_info]
     assert len(tracebacks) == 1 and "a bug, not bad input" in str(tracebacks[0].exc_info[1])
+
+
+async def test_hostile_bodies_leave_streams_in_flight_alone(fake_server, fake_engine, script):
+    import asyncio
+
+    from tests.app.wire import check_chat_stream
+
+    fake_engine.delay = 0.03  # ~1.5 s per stream; the script fixture puts it back
+    async with httpx.AsyncClient(base_url=fake_server.url, timeout=60) as client:
+
+        async def stream() -> bytes:
+            r = await client.post(CHAT, json=chat(stream=True))
+            assert r.status_code == 200
+            return r.content
+
+        async def hostile(path, body) -> int:
+            data = body if isinstance(body, str) else json.dumps(body)
+            r = await client.post(path, content=data.encode(), headers={"Content-Type": "application/json"})
+            return r.status_code
+
+        streams = [asyncio.create_task(stream()) for _ in range(4)]
+        await asyncio.sleep(0.2)  # the streams are generating
+        assert not any(t.done() for t in streams)
+        statuses = await asyncio.gather(*(hostile(path, body) for _, path, body, _ in CASES))
+        assert statuses == [400] * len(CASES)
+        assert not all(t.done() for t in streams), "the streams ended before the hostile requests did"
+        for body in await asyncio.gather(*streams):
+            (choice,), _ = check_chat_stream(body)
+            assert choice.finish_reason == "stop" and choice.content == "Hello from sample 0. " * 8
