@@ -250,3 +250,27 @@ def test_frozen_helper_really_blocks(tmp_path):
         t.start()
         t.join()
     assert blocked.is_set()
+
+
+async def test_failed_webhook_turn_leaves_no_question_behind(db_url, fake_engine, monkeypatch):
+    settings = make_settings(db_url)
+    hook = "/webhook/default/chat"
+    fake_engine.say("First answer.")
+    async with running_app(settings, fake_engine) as client:
+        assert (
+            await client.post(hook, json={"sessionId": "hook-fails", "chatInput": "one"})
+        ).status_code == 200
+
+        async def broken(prompt, params, request_id, retention_key=None):
+            raise RuntimeError("the engine broke")
+            yield  # an async generator, like the real one
+
+        monkeypatch.setattr(fake_engine, "generate", broken)
+        r = await client.post(hook, json={"sessionId": "hook-fails", "chatInput": "two"})
+        assert r.status_code == 500
+        r = await client.post(
+            hook, json={"sessionId": "hook-fails", "chatInput": "three"}, headers={"Accept": "text/plain"}
+        )
+        assert '"type": "error"' in r.text
+    assert _messages(db_url, "hook-fails") == [("user", "one"), ("assistant", "First answer.")]
+    assert [m["content"] for m in _n8n_rows(db_url, "hook-fails")] == ["one", "First answer."]
