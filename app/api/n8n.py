@@ -37,6 +37,7 @@ from app.agent.turn import AssistantSpec, TurnDeps, run_turn
 from app.api.assistants import assistant_or_404
 from app.api.openai import STREAM_HEADERS
 from app.api.webhook_auth import WebhookAuthError, authenticate
+from app.disconnect import join_unless_gone
 from app.errors import APIError, error_response
 from app.memory import repository as repo
 from app.memory.deps import DB, HTTP, get_engine
@@ -228,7 +229,7 @@ async def chat(assistant_id: str, request: Request, db: DB, http: HTTP):
             media_type="application/json; charset=utf-8",
             headers=STREAM_HEADERS,
         )
-    output = "".join([p async for p in pieces])
+    output = await join_unless_gone(request, pieces)  # stops the turn if the client goes
     return JSONResponse({"output": output})
 
 
