@@ -5,6 +5,7 @@ the callers of another assistant's webhook."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 
 import sqlalchemy as sa
@@ -37,8 +38,14 @@ async def test_key_session_is_invisible_to_anonymous_webhook_callers(db_url, fak
             headers={**AUTH, "X-Session-Id": "alice-private"},
         )
         assert r.status_code == 200, r.text
+        r = await client.post(  # a streamed turn stores its reply under the same caller
+            "/v1/chat/completions",
+            json=_chat("alice-private", "and more", stream=True),
+            headers={**AUTH, "X-Session-Id": "alice-private"},
+        )
+        assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
         before = await _stored(client.app.state.db, "alice-private")
-        assert before[0] == ("user", SECRET)
+        assert [role for role, _ in before] == ["user", "assistant"] * 2 and before[0] == ("user", SECRET)
         calls = len(fake_engine.calls)
 
         hook = "/webhook/default/chat"
@@ -265,3 +272,28 @@ async def test_anonymous_callers_run_tools_only_when_the_assistant_allows(
             "/webhook/closed/chat", json={"sessionId": "t3", "chatInput": "Weather?"}, headers=AUTH
         )
         assert r.json() == {"output": "Cold again."} and len(webhook_server.received) == 2
+
+
+async def test_sessions_only_in_n8ns_table_are_the_operators(db_url, fake_engine):
+    """Rows n8n wrote for an id chatloom has never seen: the key holder reads them (DEFAULT); an
+    anonymous webhook caller can neither read them nor claim the id by writing first."""
+    async with running_app(make_settings(db_url, api_key=KEY), fake_engine) as client:
+        async with client.app.state.db.engine.begin() as conn:
+            row = {
+                "type": "human",
+                "content": "n8n's own secret",
+                "additional_kwargs": {},
+                "response_metadata": {},
+            }
+            await conn.execute(
+                sa.text("INSERT INTO n8n_chat_histories (session_id, message) VALUES ('n8n-only', :m)"),
+                {"m": json.dumps(row)},
+            )
+        hook = "/webhook/default/chat"
+        r = await client.post(hook, json={"action": "loadPreviousSession", "sessionId": "n8n-only"})
+        assert r.json() == {"data": []}
+        r = await client.post(hook, json={"sessionId": "n8n-only", "chatInput": "mine now?"})
+        assert r.status_code == 404 and "secret" not in r.text
+        assert fake_engine.calls == []
+        r = await client.get("/v1/sessions/n8n-only", headers=AUTH)
+        assert [m["content"] for m in r.json()["messages"]] == ["n8n's own secret"]
