@@ -11,8 +11,25 @@ detokenization). Nothing is downloaded: each tokenizer comes from a file an inst
     mistral_tekken  mistral-common's tekken_240911 (tiktoken-style)     mistral       mistral
     llama3          tekken_240911 + Llama 3's header tokens              llama         llama3_json
 
-Converted tokenizers are cached under CHATLOOM_CACHE (~/.cache/chatloom) in families/; the weights
-are built per call (a fraction of a second at TINY_SHAPE)."""
+Ids of interest (special_ids(tok, family) gives them; each marker is one special token):
+
+    family          tokens / rows     bos      eos (generation_config; first = eos_token)  call marker
+    qwen            151,665 / 151,936 -        <|im_end|> 151645, <|endoftext|> 151643      <tool_call> 151657
+    smollm2         49,152 / 49,152   1        <|im_end|> 2                                 - (ordinary text)
+    mistral_v3      32,768 / 32,768   <s> 1    </s> 2                                       [TOOL_CALLS] 5
+    mistral_tekken  131,072 / 131,072 <s> 1    </s> 2                                       [TOOL_CALLS] 9
+    llama3          131,079 / 131,136 131072   <|eot_id|> 131076, <|eom_id|> 131077,        - (bare JSON)
+                                               <|end_of_text|> 131073
+
+Qwen closes a call with </tool_call> 151658. Mistral v3's other control ids: [INST] 3, [/INST] 4,
+[AVAILABLE_TOOLS] 6, [/AVAILABLE_TOOLS] 7, [TOOL_RESULTS] 8, [/TOOL_RESULTS] 9; tekken's: [INST] 3,
+[/INST] 4, [AVAILABLE_TOOLS] 5, [/AVAILABLE_TOOLS] 6, [TOOL_RESULTS] 7, [/TOOL_RESULTS] 8. llama3:
+<|start_header_id|> 131074, <|end_header_id|> 131075, <|python_tag|> 131078.
+
+In tests: the session fixture family_checkpoint(family) -> folder (tests/conftest.py);
+load_tokenizer(folder) shares one HF tokenizer per folder. Converted tokenizers are cached under
+CHATLOOM_CACHE (~/.cache/chatloom) in families/; the weights are built per call (a fraction of a
+second at TINY_SHAPE)."""
 
 from __future__ import annotations
 
@@ -63,7 +80,9 @@ class Family:
 
 
 SPECS = {
-    "qwen": Family("qwen2", "hermes", None, ("<|im_end|>",), "<tool_call>", "</tool_call>", None),
+    "qwen": Family(
+        "qwen2", "hermes", None, ("<|im_end|>", "<|endoftext|>"), "<tool_call>", "</tool_call>", None
+    ),
     "smollm2": Family("llama", "generic", "<|im_start|>", ("<|im_end|>",), None, None, None),
     "mistral_v3": Family("mistral", "mistral", "<s>", ("</s>",), "[TOOL_CALLS]", None, "mistral_v3.jinja"),
     "mistral_tekken": Family(
@@ -234,10 +253,15 @@ def build_family_checkpoint(folder: str | Path, family: str, seed: int = 0) -> P
         raise ValueError(f"unknown family {family!r}; known: {FAMILIES}")
     folder = Path(folder)
     spec = SPECS[family]
-    if family == "qwen":
+    if family == "qwen":  # the embedding keeps Qwen2.5's 151,936 rows (> 151,665 tokens)
+        from engine.models.qwen_vocab import SPECIAL_TOKENS
         from engine.models.tiny import build_checkpoint
 
-        return build_checkpoint(folder, spec.arch, seed=seed)
+        build_checkpoint(folder, spec.arch, seed=seed)
+        eos = [151643 + SPECIAL_TOKENS.index(t) for t in spec.eos]  # as Qwen2.5-Instruct's own file
+        gen = {"bos_token_id": 151643, "eos_token_id": eos, "do_sample": False}
+        (folder / "generation_config.json").write_text(json.dumps(gen))
+        return folder
     src = family_tokenizer_dir(family)
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("tokenizer.json", "tokenizer_config.json"):

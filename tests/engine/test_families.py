@@ -79,7 +79,7 @@ CONVERSATION = [
 
 # the real families' ids (Qwen2.5's added tokens; mistral-common's control pieces and tekken specials)
 EXPECTED_IDS = {
-    "qwen": {"bos": None, "eos": [151645], "call_open": 151657, "call_close": 151658},
+    "qwen": {"bos": None, "eos": [151645, 151643], "call_open": 151657, "call_close": 151658},
     "smollm2": {"bos": 1, "eos": [2], "call_open": None, "call_close": None},
     "mistral_v3": {"bos": 1, "eos": [2], "call_open": 5, "call_close": None},
     "mistral_tekken": {"bos": 1, "eos": [2], "call_open": 9, "call_close": None},
@@ -226,6 +226,7 @@ def test_greedy_parity_with_transformers(family):
             )
         want = ref.sequences[0, len(ids) :].tolist()
         assert len(out.token_ids) == MAX_NEW
+        assert out.text == tok.decode(out.token_ids, skip_special_tokens=True)  # the engine's detokenizer
         for step, (a, b) in enumerate(zip(out.token_ids, want, strict=True)):
             if a != b:
                 top2 = ref.scores[step][0].topk(2).values
