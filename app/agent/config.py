@@ -140,7 +140,8 @@ def public_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if hook.get("url"):
             parts = urlsplit(hook["url"])
             if parts.password is not None:
-                netloc = f"{parts.username or ''}:{MASK}@{parts.hostname or ''}"
+                host = parts.hostname or ""
+                netloc = f"{parts.username or ''}:{MASK}@{f'[{host}]' if ':' in host else host}"
                 netloc += f":{parts.port}" if parts.port else ""
                 hook["url"] = urlunsplit(parts._replace(netloc=netloc))
         out.append({**tool, "webhook": hook} if "webhook" in tool else dict(tool))
