@@ -11,6 +11,7 @@ from datetime import datetime
 import sqlalchemy as sa
 
 from app.memory.db import Database
+from app.principal import key_principal
 from tests.memory.conftest import LOOPBACK_TOOLS, make_settings, running_app
 
 KEY = "k-owner-test"
@@ -44,6 +45,9 @@ async def test_key_session_is_invisible_to_anonymous_webhook_callers(db_url, fak
             headers={**AUTH, "X-Session-Id": "alice-private"},
         )
         assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
+        async with client.app.state.db.engine.connect() as conn:
+            q = sa.text("SELECT owner FROM sessions WHERE id = 'alice-private'")
+            assert (await conn.execute(q)).scalar_one() == key_principal(KEY).id  # not DEFAULT
         before = await _stored(client.app.state.db, "alice-private")
         assert [role for role, _ in before] == ["user", "assistant"] * 2 and before[0] == ("user", SECRET)
         calls = len(fake_engine.calls)
