@@ -448,8 +448,7 @@ def _new_token(seq_lens: torch.Tensor, tables: torch.Tensor, dtype, device):
 
 def _sweep_fused_decode(pa, key: str, dtype, device, timer: Timer, tiny: bool, configs, splits_sweep) -> None:
     """The engine's decode launch (q/k norm, RoPE and the new K/V store before the attention) at the
-    decode shapes of W3 (one stream), W1 (32 x ~256) and W2 (256 x ~860) over the same configs, with
-    the ragged tile in its own loop and in one loop with the others ("/1L", DECODE_ONE_LOOP)."""
+    decode shapes of W3 (one stream), W1 (32 x ~256) and W2 (256 x ~860) over the same configs."""
     print("# fused decode (q/k norm + RoPE + K/V store + attention): (BLOCK_N, warps, stages) x splits -> us")
     print("# (batch 1 split: the peeled launch, the swept (BLOCK_N, warps) with PEEL_STAGES stages)")
     default_peel = pa.PEEL_TILE
@@ -457,44 +456,39 @@ def _sweep_fused_decode(pa, key: str, dtype, device, timer: Timer, tiny: bool, c
         _, kc, vc, bt, _, sl = _paged(b, ctx, 1, dtype, device)
         q, new = _new_token(torch.full((b,), ctx, device=device), bt, dtype, device)
         results = []
-        default_one_loop = pa.DECODE_ONE_LOOP
         try:
-            for cfg, splits, one_loop in itertools.product(configs, splits_sweep, (False, True)):
+            for cfg, splits in itertools.product(configs, splits_sweep):
                 if splits > 1 and ctx // splits < cfg[0]:
                     continue
                 pa.DECODE_CONFIGS[key] = cfg
                 pa.PEEL_TILE = tuple(cfg[:2])
                 if key == "16bit":
                     pa.DECODE_CONFIGS["16bit_wide"] = pa.DECODE_CONFIGS["16bit_wide_table"] = cfg
-                pa.DECODE_ONE_LOOP = one_loop  # read at launch (and at capture)
                 fn = lambda q=q, kc=kc, vc=vc, bt=bt, sl=sl, new=new, s=splits: pa.paged_decode_attention(
                     q, kc, vc, bt, sl, HEAD_DIM**-0.5, num_splits=s, new_token=new
                 )
                 try:
                     t = timer.graph(fn) or timer.eager(fn)
                 except Exception as exc:
-                    print(f"  {cfg} splits={splits} one_loop={one_loop}: {type(exc).__name__}")
+                    print(f"  {cfg} splits={splits}: {type(exc).__name__}")
                     continue
-                results.append((t, cfg, splits, one_loop))
+                results.append((t, cfg, splits))
         finally:
-            pa.DECODE_ONE_LOOP = default_one_loop
             pa.PEEL_TILE = default_peel
         results.sort()
         auto = pa.choose_num_splits(b, NUM_KV_HEADS, 4096, pa._sm_count(device))
-        top = "  ".join(f"{c}/{s}{'/1L' if one else ''}={t * 1e6:.1f}" for t, c, s, one in results[:8])
+        top = "  ".join(f"{c}/{s}={t * 1e6:.1f}" for t, c, s in results[:8])
         print(f"fused decode B={b} ctx={ctx}: engine splits {auto} (graphs: bound 4096); best {top}")
 
 
 RAGGED_BATCHES = (24, 48, 96, 160, 256)
 RAGGED_SWEEP = [1, 2, 4, 8]  # num_splits
-DISPATCH = {"plain": (False, False), "head-major": (True, False), "longest-first": (False, True),
-            "both": (True, True)}  # fmt: skip
 
 
 def sweep_ragged(dtype, device, timer: Timer, tiny: bool) -> None:
     """Decode attention over ragged contexts (uniform in 256-2048 keys, as in W2's steps) at batch
-    sizes that fill the SMs one to a few times: by split count (paged_attention.MID_BATCH_SPLITS), then
-    unsplit by dispatch order (DECODE_HEAD_MAJOR, and `order` longest first), then the wide tile
+    sizes that fill the SMs one to a few times: by split count, then unsplit (head-major) in row order
+    and longest first (`order`), then the wide tile
     configurations at the largest batch with the engine's dispatch. GB/s of K/V read; the first line is
     what a plain streaming read (torch sum over 2 GiB) reaches on this device."""
     from kernels import paged_attention as pa
@@ -505,9 +499,9 @@ def sweep_ragged(dtype, device, timer: Timer, tiny: bool) -> None:
     del stream
     print("# ragged decode: num_splits -> us (GB/s of K/V read)")
     gen = torch.Generator().manual_seed(0)
-    wide = pa.wide_config_key(pa.DECODE_TABLE_REGS)  # the sweep's tables fit TABLE_REGS_MAX
+    wide = pa.wide_config_key(True)  # the block-table row held in registers
     key = "interpret" if device.type == "cpu" else ("fp32" if dtype == torch.float32 else wide)
-    defaults = pa.DECODE_HEAD_MAJOR, pa.DECODE_CONFIGS[key]
+    default = pa.DECODE_CONFIGS[key]
 
     def timed(batch, splits, ordered: bool, fused: bool = False) -> str:
         q, kc, vc, bt, sl, order, nbytes = batch
@@ -532,11 +526,7 @@ def sweep_ragged(dtype, device, timer: Timer, tiny: bool) -> None:
             auto = pa.choose_num_splits(b, NUM_KV_HEADS, 4096, pa._sm_count(device))
             row = "  ".join(f"{s}={timed(batch, s, False)}" for s in ([1, 2] if tiny else RAGGED_SWEEP))
             print(f"ragged B={b} ({kv_bytes / 1e6:.0f} MB): engine {auto}; {row}")
-            cells = []
-            for name, (head_major, ordered) in DISPATCH.items():
-                pa.DECODE_HEAD_MAJOR = head_major
-                cells.append(f"{name}={timed(batch, 1, ordered)}")
-            pa.DECODE_HEAD_MAJOR = defaults[0]
+            cells = [f"{name}={timed(batch, 1, o)}" for name, o in (("rows", False), ("longest-first", True))]
             ordered = pa.wants_order(b, NUM_KV_HEADS, device)
             cells.append(
                 f"engine with the new token's norm, RoPE and store={timed(batch, None, ordered, True)}"
@@ -553,7 +543,7 @@ def sweep_ragged(dtype, device, timer: Timer, tiny: bool) -> None:
             what = "with the new token fused" if fused else "engine dispatch"
             print(f"  B={b} (BLOCK_N, warps, stages), {what}: {'  '.join(cells)}")
     finally:
-        pa.DECODE_HEAD_MAJOR, pa.DECODE_CONFIGS[key] = defaults
+        pa.DECODE_CONFIGS[key] = default
 
 
 def main(argv: list[str] | None = None) -> int:

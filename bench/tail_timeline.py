@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=20, help="traced launches per case (medians over them)")
     from bench import switches as bench_switches
 
-    bench_switches.add_option(parser, "flip a switch first, e.g. kernels.decode_tail.COOPERATIVE=False")
+    bench_switches.add_option(parser, "flip a switch first, e.g. kernels.pdl.PDL=False")
     parser.add_argument("--tma", action="store_true", help="trace kernels.decode_tail_tma instead")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

@@ -6,7 +6,7 @@ decode steps have, timed from CUDA graphs, per tile configuration.
     python -m bench.w2_attention --tiny                # a few small steps on the CPU (Triton's interpreter)
     python -m bench.w2_attention --layouts "shuffled engine contiguous" --configs 128,4,3
     python -m bench.w2_attention --new-token "fused folded none" --configs 128,4,3
-    python -m bench.w2_attention --set kernels.paged_attention.DECODE_ONE_LOOP=False --configs 128,4,3
+    python -m bench.w2_attention --set kernels.paged_attention.TABLE_REGS_MAX=2048 --configs 128,4,3
 
 W2 (../shared/reference/benchmarks.md) decodes 256 sequences of 100-1,024 prompt tokens, each for its
 own 100-1,024 tokens: its steps go from batch 256 at ~600 keys to a few sequences at ~2,000. Each sampled

@@ -312,16 +312,15 @@ def _decode_kernel(
     HAS_NORM: tl.constexpr,
     FUSED_REDUCE: tl.constexpr,  # the last split of each (sequence, KV head) to finish merges them all
     DOT_PREC: tl.constexpr,
-    ONE_LOOP: tl.constexpr,  # every tile through one masked loop (DECODE_ONE_LOOP)
     HEAD_MAJOR: tl.constexpr,  # grid (num_kv_heads, batch, NUM_SPLITS): a sequence's heads together
     ORDERED: tl.constexpr,  # the grid's sequence index i runs sequence order[i]
     PDL: tl.constexpr,  # launched with programmatic dependent launch (kernels.pdl)
-    PEEL: tl.constexpr,  # FUSE_QK: the first tile asked for before the new token's work (DECODE_PEEL)
+    PEEL: tl.constexpr,  # FUSE_QK: the first tile asked for before the new token's work (batch 1 split)
     ROW_SCALE: tl.constexpr,  # FUSE_QK: q, k and v times 1 / rms(h) first (NewTokenQK.row_scale)
     BLOCK_H: tl.constexpr,  # >= hidden (ROW_SCALE)
-    BLOCK_T: tl.constexpr,  # > 0: the block-table row held in registers (DECODE_TABLE_REGS)
+    BLOCK_T: tl.constexpr,  # > 0: the block-table row held in registers (not peeled launches)
     TABLE_PART: tl.constexpr,  # BLOCK_T < the row's width: BLOCK_T entries from each chunk's first block
-    NORM_CANCELS: tl.constexpr,  # ROW_SCALE and HAS_NORM: q and k skip the row scale (DECODE_NORM_CANCELS)
+    NORM_CANCELS: tl.constexpr,  # ROW_SCALE and HAS_NORM (16-bit): q and k skip the row scale
 ):
     """One (sequence, KV head, split) per program: grid (batch, num_kv_heads, NUM_SPLITS), or
     (num_kv_heads, batch, NUM_SPLITS) HEAD_MAJOR; ORDERED, the grid's batch index goes through order."""
@@ -436,23 +435,13 @@ def _decode_kernel(
         acc, m_i, l_i = _fold_tile(q, acc, m_i, l_i, k0, v0, offs0, s_hi, q_pos, scale_log2, slopes, window,
                                    True, HAS_WINDOW, HAS_ALIBI, DOT_PREC)  # fmt: skip
         first = s_lo + BLOCK_N
-    # the window is already applied through s_lo: whole tiles unmasked, then the ragged last one (or,
-    # ONE_LOOP, all tiles masked in one software pipeline, so the ragged tile's loads are not issued
-    # only after the whole tiles are done)
-    mid = first + tl.maximum(s_hi - first, 0) // BLOCK_N * BLOCK_N
-    if ONE_LOOP:
-        mid = first
-    for start in range(first, mid, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, s_hi, q_pos, kvh, d, d_mask,
-            scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
-            False, False, HAS_ALIBI, DOT_PREC,
-        )  # fmt: skip
+    # the window is already applied through s_lo: every tile, the ragged last one included, masked in one
+    # software pipeline, so the ragged tile's loads are in flight with the others
     if TABLE_PART:
         # the row's BLOCK_T entries from a key's block cover CHUNK keys from that key on: the split in
         # chunks, each a software-pipelined loop over its tiles, the next chunk's entries read after it
         CHUNK = (BLOCK_T - 1) * BLOCK_SIZE // BLOCK_N * BLOCK_N
-        for c_lo in range(mid, s_hi, CHUNK):
+        for c_lo in range(first, s_hi, CHUNK):
             for start in range(c_lo, tl.minimum(c_lo + CHUNK, s_hi), BLOCK_N):
                 acc, m_i, l_i = _attend_tile(
                     q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, s_hi, q_pos, kvh, d, d_mask,
@@ -461,7 +450,7 @@ def _decode_kernel(
                 )  # fmt: skip
             bt_regs = _held_entries(bt_row, (c_lo + CHUNK) // BLOCK_SIZE, s_hi, BLOCK_SIZE, BLOCK_T)
     else:
-        for start in range(mid, s_hi, BLOCK_N):
+        for start in range(first, s_hi, BLOCK_N):
             acc, m_i, l_i = _attend_tile(
                 q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, bt_row, start, s_hi, q_pos, kvh, d, d_mask,
                 scale_log2, slopes, window, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
@@ -554,113 +543,55 @@ PREFILL_CONFIGS = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
 }
 DECODE_CONFIGS = {  # (BLOCK_N, num_warps, num_stages)
     "16bit": (64, 4, 3),  # few (sequence, KV head) programs: split-K over short tiles
-    # a full wave of programs without splits (batch x KV heads >= SMs); 64-key tiles timed faster in
-    # --sweep-ragged at batch 256 with the engine's dispatch (270.7 us against 283.6) but not in W2
-    # (26,016 / 26,036 against 26,173 tok/s, one machine session)
+    # a full wave of programs without splits (batch x KV heads >= SMs), the block-table row read per tile
     "16bit_wide": (128, 4, 3),
-    # the same with the block-table row in registers (DECODE_TABLE_REGS): two shared buffers a tile, so
-    # 64-key tiles keep three programs an SM
+    # the same with the block-table row in registers: two shared buffers a tile, so 64-key tiles keep
+    # three programs an SM
     "16bit_wide_table": (64, 4, 3),
     "fp32": (32, 8, 2),
     "interpret": (16, 4, 1),
 }
 
 
-# Decode tiles: all of them, the ragged last one included, through one masked loop (True: one software
-# pipeline, the ragged tile's loads in flight with the others), or the whole ones through an unmasked
-# loop and then the ragged one (False). Read at launch. H200 (bench.kernels --sweep, fused launch):
-# batch 32 x 256 keys 15.8 us against 16.3, batch 256 x 860 even; W1 20,553 tok/s against 20,063.
-DECODE_ONE_LOOP = True
-
-
-# A full wave or more of (sequence, KV head) programs without splits (W2's batches) is dispatched a
-# sequence at a time, its KV heads side by side (they read neighbouring 256-byte rows of the same cache
-# blocks), the sequences longest first (`order`, one device sort per step: AttentionMetadata), so the
-# longest contexts start in the first wave instead of holding the last SMs alone. H200: W2 26,203 /
-# 26,118 tok/s with both (one machine session), pairs in another session: both 25,316 / 25,645 against
-# 24,603 / 24,294 for neither, longest first alone 23,937 / 25,313, head-major alone 24,587.
-# `python -m bench.kernels --sweep-ragged`, batch 256 over 256-2048 keys: 290.4 us plain, 288.1
-# head-major, 281.8 longest first, 283.6 both (4.2 TB/s of K/V; a streaming read reaches 4.3); batch 48
-# 72.3 -> 59.1, 96 120.7 -> 106.9, 160 192.1 -> 181.4.
-DECODE_HEAD_MAJOR = True
-DECODE_LONGEST_FIRST = True
-
-# Split decode launches at batch 1 (W3) with the new token fused: each split's first tile
-# of K/V asked for before the new token's q/k norm, RoPE and store (and, launched with programmatic
-# dependent launch, before the wait for the kernel before), the new position's row taken from registers.
-# Read at launch. H200, W3: with kernels.pdl 1,247 / 1,246 / 1,246 against 1,232 / 1,229 / 1,235 without
-# (one machine session); before it, when nothing overlapped the launch's start, 1,175 against 1,209
-DECODE_PEEL = True
-
-# Decode launches that are not peeled: each program reads its sequence's block-table row (up to
-# TABLE_REGS_MAX entries of it) into registers once and every tile gathers its blocks
-# from there, so a tile's K/V addresses wait for no load of the loop's own and Triton's software
-# pipeline double-buffers the tiles (K/V of the next tile in flight while a tile is folded in); read per
-# tile, the addresses wait on that tile's block-table load and the pipeline keeps one buffer a tile and
-# waits for every copy at each iteration's top. H200 (triton 3.6), `python -m bench.w2_attention
-# --new-token "folded none" --layouts engine`: W2's decode attention 3,908 ms with (64, 4, 3) tiles
-# against 3,999 read per tile with (128, 4, 3), the cache walked alone 3,696 against 3,870 (4.2-4.3
-# TB/s from batch 99 up, a streaming read's rate); 128-key tiles take 139 KB of shared memory doubled
-# (one program an SM: 4,999 ms). W2 27,229 tok/s against 26,765, W1 22,852 (one machine session).
-# 512 entries (8,192 tokens in 16-token blocks) keep the row at 4 registers a thread.
-DECODE_TABLE_REGS = True
+# Decode launches (docs/performance.md has the measurements behind each choice):
+# - A full wave or more of (sequence, KV head) programs without splits (W2's batches) is dispatched a
+#   sequence at a time, its KV heads side by side (they read neighbouring rows of the same cache blocks),
+#   the sequences longest first (`order`, one launch of kernels.order per step: AttentionMetadata), so
+#   the longest contexts start in the first wave instead of holding the last SMs alone.
+# - Split launches at batch 1 with the new token fused are peeled: each split's first K/V tile is asked
+#   for before the new token's q/k norm, RoPE and store (and before the PDL wait), the new position's row
+#   taken from registers.
+# - Launches that are not peeled read their sequence's block-table row (up to TABLE_REGS_MAX entries)
+#   into registers once and every tile gathers its blocks from there, so a tile's K/V addresses wait for
+#   no load of the loop's own and Triton's software pipeline double-buffers the tiles. 512 entries keep
+#   the row at 4 registers a thread. A wider table (the engine's graphs size it by max_model_len) holds
+#   TABLE_REGS_MAX entries from each split's first block; a longer split walks its keys in chunks,
+#   reading the next chunk's entries after each.
+# - Folded 16-bit models with a q/k norm: the fused launch multiplies only v by the row scale (1 / rms of
+#   the residual row), since q's and k's RMSNorm cancel it (exact but for the norm's eps and one rounding
+#   to the dtype), so q's and k's norms wait on no reduction of the residual row.
 TABLE_REGS_MAX = 512
-# A wider table (the engine's graphs size it by max_model_len: 2,560 entries at Qwen3's 40,960
-# positions) holds TABLE_REGS_MAX entries from each split's first block; a split longer than they cover
-# walks its keys in chunks, reading the next chunk's entries after each; off: the whole row read per
-# tile. H200, `python -m bench.w2_attention --new-token folded --layouts engine --configs 64,4,3`: W2's
-# decode attention with 2,560-entry rows 3,899 ms against 3,888 with 512-entry rows held whole (4,053
-# read per tile); `python -m bench --workload w2 --max-model-len 40960` 27,254 tok/s against
-# 27,339 at 4,096 (26,544 read per tile, another machine session). A second loop reading the blocks past
-# the held entries per tile instead of chunks: 4,006 ms, W2 26,598.
-DECODE_TABLE_PART = True
-# Folded 16-bit models with a q/k norm: the fused decode launch multiplies only v by the row scale
-# (1 / rms of the residual row), since q's and k's RMSNorm cancel it (exact but for the norm's eps and
-# one rounding to the dtype), so q's and k's norms wait on no reduction of the residual row. With the
-# block-table row read before the new token's work (not after it), H200, `python -m bench.w2_attention
-# --new-token folded --layouts engine --configs 64,4,3`: W2's decode attention 3,932 ms against
-# 3,954 / 3,963 without either, 3,943 with the table read first alone, 3,939 with this alone; W2 26,904
-# tok/s against 26,782 (one machine session), 27,045 in the next.
-DECODE_NORM_CANCELS = True
-# software pipeline stages of a peeled launch: its other tiles (past 2,048 keys at 32 splits) are not
-# pipelined, so the peeled tile stays in registers without spills (triton 3.9 spills 40-48 bytes with
-# 3 stages, 3.6 none); W3 1,243 / 1,250 against 1,246 / 1,245 with 3 (H200, one machine session)
+# software pipeline stages of a peeled launch: its other tiles are not pipelined, so the peeled tile
+# stays in registers without spills
 PEEL_STAGES = 1
-# (BLOCK_N, num_warps) of a peeled 16-bit launch. 32-key tiles: at W3's contexts (up to 1,024 keys in 32
-# splits) one tile a split, and a program of 126 registers and 20 KB of shared memory (sm_90, triton 3.6;
-# `python -m tests.kernels.compile_sm90` prints both) against 168 and 36 KB with 64-key tiles, small
-# enough to stay resident beside a layer-tail program (kernels.decode_tail_tma.ALIAS_QKV). H200, W3:
-# 1,319 / 1,320 against 1,278 with 64-key tiles and no alias, 1,266 with 64-key tiles and the alias;
-# without the alias 1,286-1,298 against 1,270-1,278 with 64-key tiles (sixteenth session, before the
-# head's release moved after its wait: kernels.gemv). Triton 3.9 compiles the same launch to 254
-# registers and 68 KB (compile_sm90 on the development machine): no room beside the tail there. Alone
-# (a graph of the launch, 32 splits, H200; `python -m bench.kernels --sweep` times it at 768 and 4,096
-# keys over the swept tiles), the 32-key tile is slower: 14.9 against 11.5 us at 768 keys,
-# 12.4 / 11.9 at 2,048, 16.2 / 13.9 at 4,096; the W3 gain is the co-residency's, and past ~2,000 keys
-# the 64-key tile may be the better batch-1 choice (not measured in the engine)
+# (BLOCK_N, num_warps) of a peeled 16-bit launch: at batch 1's usual contexts one tile a split, and a
+# program small enough (registers, 20 KB of shared memory on sm_90 with triton 3.6; `python -m
+# tests.kernels.compile_sm90` prints both) to stay resident beside a layer-tail program
+# (kernels.decode_tail_tma)
 PEEL_TILE = (32, 4)
 
 
 def wants_order(batch: int, num_kv_heads: int, device: torch.device) -> bool:
     """Whether a decode batch of this size is dispatched longest first (pass `order`)."""
-    return DECODE_LONGEST_FIRST and _wide(batch, num_kv_heads, device)
-
-
-# The order in one launch of kernels.order (True) or a device argsort (False: a sort and four small
-# launches), once per step. H200: ~7 us less a step at batch 256 (see kernels.order); W2 and W1 moved
-# within their spread (W2 24,570 against 25,691 / 24,510 for the argsort in one machine session, the
-# argsort's two runs as far apart as the pair; W1 20,173 against 19,550)
-ORDER_LAUNCH = True
+    return _wide(batch, num_kv_heads, device)
 
 
 def longest_first(seq_lens: torch.Tensor) -> torch.Tensor:  # (batch,) int32
     """The batch rows by descending length, ties in index order: the `order` the decode attention takes
-    (on the device, no host sync, CUDA-graph safe)."""
-    if ORDER_LAUNCH:
-        from kernels.order import longest_first as rank_order
+    (one launch of kernels.order on the device, no host sync, CUDA-graph safe)."""
+    from kernels.order import longest_first as rank_order
 
-        return rank_order(seq_lens)
-    return torch.argsort(seq_lens, descending=True).to(torch.int32)
+    return rank_order(seq_lens)
 
 
 def _wide(batch: int, num_kv_heads: int, device: torch.device) -> bool:
@@ -850,24 +781,16 @@ def _sm_count(device: torch.device) -> int:
 
 MAX_SPLITS = 64
 MIN_TOKENS_PER_SPLIT = 128
-# A batch of one to a few waves of (sequence, KV head) programs: each sequence cut in this many splits,
-# so a ragged batch's longest contexts do not hold the last SMs alone. H200 (`bench.kernels
-# --sweep-ragged`, contexts uniform in 256-2048): batch 24 50.2 -> 40.9 us with 2 splits, 48 72.0 -> 66.8,
-# 96 120.7 -> 117.1, 160 192.7 -> 190.1, 256 even (291.6 / 290.8). Off: with 2, W2 25,191 (22,796 as the
-# machine's first W2 process) against 24,518, but W1 (uniform contexts, batch 32) 19,131 against 20,494
-# tok/s, same machine session.
-MID_BATCH_SPLITS = 1
-MID_BATCH_WAVES = 8  # up to batch x KV heads < MID_BATCH_WAVES x SMs
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
     """Once batch x KV heads fills the SMs, no split (and no reduce launch) at all; below, enough
     (batch, kv_head, split) programs for ~2 waves, each split >= 128 keys. Depends only on python ints,
-    so a CUDA graph captured for a batch size keeps its split count. (H200 sweep, `python -m bench.kernels
-    --sweep`: batch 32 and 256 are fastest unsplit with 128-key tiles, batch 1 with 16-32 splits.)"""
+    so a CUDA graph captured for a batch size keeps its split count (`python -m bench.kernels --sweep`
+    times the alternatives)."""
     programs = batch * num_kv_heads
     if programs >= num_sms:
-        return MID_BATCH_SPLITS if programs < MID_BATCH_WAVES * num_sms else 1
+        return 1
     want = triton.cdiv(2 * num_sms, max(1, batch * num_kv_heads))
     useful = triton.cdiv(max(1, max_seq_len), MIN_TOKENS_PER_SPLIT)
     return max(1, min(want, useful, MAX_SPLITS))
@@ -902,8 +825,7 @@ def _counters(device: torch.device) -> torch.Tensor:
 # A launch whose kernel before releases it early (kernels.qkv_new_token: the wide decode steps' qkv
 # projection with the new token's work in its epilogue) starts with programmatic dependent launch: its
 # programs read their sequence's length, order entry and block-table row (written at the step's start)
-# while that kernel ends, and wait before q and the cache. Read at launch.
-AFTER_RELEASE_PDL = True
+# while that kernel ends, and wait before q and the cache.
 
 
 def paged_decode_attention(
@@ -921,7 +843,7 @@ def paged_decode_attention(
     new_token: NewTokenQK | None = None,
     fused_reduce: bool = True,
     order: torch.Tensor | None = None,  # (batch,) int32: the rows in the order their programs start
-    after_release: bool = False,  # the kernel before releases its dependents early (AFTER_RELEASE_PDL)
+    after_release: bool = False,  # the kernel before releases its dependents early (see above)
 ) -> torch.Tensor:  # (batch, num_heads, head_dim)
     """Split-K decode: grid (batch, num_kv_heads, num_splits); one program handles all query heads of one
     KV head over one contiguous slice of the context; the splits are merged by their log-sum-exp, by
@@ -1023,11 +945,10 @@ def decode_launch(
         raise ValueError("num_splits must be in [1, 1024]")
     key = _config_key(q)
     wide = _wide(b, hk, q.device)
-    peel = DECODE_PEEL and nt is not None and num_splits > 1 and b == 1
+    peel = nt is not None and num_splits > 1 and b == 1
     entries = next_pow2(block_tables.shape[1])
     cap = 1 << (max(1, TABLE_REGS_MAX).bit_length() - 1)  # a power of two
-    fits = DECODE_TABLE_PART or entries <= cap
-    table_regs = DECODE_TABLE_REGS and DECODE_ONE_LOOP and not peel and fits
+    table_regs = not peel
     if key == "16bit" and wide:
         key = wide_config_key(table_regs)
     block_n, warps, stages = DECODE_CONFIGS[key]
@@ -1046,7 +967,7 @@ def decode_launch(
     group = h // hk
     has_norm = nt is not None and nt.q_norm_weight is not None
     hs = nt.row_scale if nt is not None else None
-    head_major = DECODE_HEAD_MAJOR and num_splits == 1 and wide
+    head_major = num_splits == 1 and wide
     if order is not None and (order.shape != (b,) or order.dtype != torch.int32):
         raise ValueError("order must be (batch,) int32, a permutation of the batch rows")
     args = (
@@ -1065,12 +986,12 @@ def decode_launch(
         BLOCK_N=block_n, BLOCK_D=next_pow2(d), NUM_SPLITS=num_splits, BLOCK_S=next_pow2(num_splits),
         HAS_WINDOW=sliding_window is not None, HAS_ALIBI=alibi_slopes is not None,
         FUSE_QK=nt is not None, HAS_NORM=has_norm, FUSED_REDUCE=fused_reduce,
-        DOT_PREC=_dot_precision(q.dtype), ONE_LOOP=DECODE_ONE_LOOP, HEAD_MAJOR=head_major,
-        ORDERED=order is not None, PDL=(b == 1 or (AFTER_RELEASE_PDL and after_release and nt is None))
+        DOT_PREC=_dot_precision(q.dtype), HEAD_MAJOR=head_major,
+        ORDERED=order is not None, PDL=(b == 1 or (after_release and nt is None))
         and pdl.enabled(q.device),
         PEEL=peel, ROW_SCALE=hs is not None, BLOCK_H=next_pow2(hs.shape[1]) if hs is not None else 1,
         BLOCK_T=block_t, TABLE_PART=0 < block_t < block_tables.shape[1],
-        NORM_CANCELS=DECODE_NORM_CANCELS and hs is not None and has_norm and q.dtype != torch.float32,
+        NORM_CANCELS=hs is not None and has_norm and q.dtype != torch.float32,
     )  # fmt: skip
     partials = (part_out, part_lse) if num_splits > 1 and not fused_reduce else None
     return DecodeLaunch(args, consts, (b, hk, num_splits), out, warps, stages, partials)

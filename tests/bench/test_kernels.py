@@ -51,7 +51,7 @@ def test_tiny_cpu_ragged_sweep_times_each_split_count(capsys):
     line = next(x for x in out if x.startswith("ragged B=4"))
     assert "engine 1;" in line and " 1=" in line and " 2=" in line
     dispatch = next(x for x in out if x.strip().startswith("unsplit by dispatch:"))
-    assert all(f"{name}=" in dispatch for name in ("plain", "head-major", "longest-first", "both"))
+    assert all(f"{name}=" in dispatch for name in ("rows", "longest-first"))
     assert any(x.startswith("# streaming read:") for x in out)
 
 
@@ -113,7 +113,6 @@ def test_w2_replay_tiny_cpu_run(capsys, monkeypatch):
     assert out.count("(16, 4, 1): W2 total") == 2
     # tables as wide as a long max_model_len makes them, wider than the registers hold (part held)
     monkeypatch.setattr(paged_attention, "TABLE_REGS_MAX", 2)
-    monkeypatch.setattr(paged_attention, "DECODE_TABLE_PART", True)
     assert bench_w2.main(["--tiny", "--layouts", "engine", "--table-width", "40"]) == 0
     out = capsys.readouterr().out
     assert "# layout engine, new token fused, table width 40" in out and "(16, 4, 1): W2 total" in out

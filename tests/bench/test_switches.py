@@ -14,8 +14,8 @@ from kernels import paged_attention, pdl
 def test_parse():
     parsed = bench_switches.parse("kernels.pdl.PDL=False")
     assert parsed == ("kernels.pdl", "PDL", False)
-    assert bench_switches.parse(" kernels.paged_attention.MID_BATCH_SPLITS = 2") == (
-        "kernels.paged_attention", "MID_BATCH_SPLITS", 2,
+    assert bench_switches.parse(" kernels.paged_attention.TABLE_REGS_MAX = 2") == (
+        "kernels.paged_attention", "TABLE_REGS_MAX", 2,
     )  # fmt: skip
 
 
@@ -39,19 +39,19 @@ def test_refusals(spec, message):
 
 def test_apply_sets_all_or_nothing(monkeypatch):
     monkeypatch.setattr(pdl, "PDL", True)
-    monkeypatch.setattr(paged_attention, "DECODE_ONE_LOOP", True)
-    monkeypatch.setattr(paged_attention, "MID_BATCH_SPLITS", 1)
-    bad = ["kernels.pdl.PDL=False", "kernels.paged_attention.DECODE_ONE_LOOP=2"]
+    monkeypatch.setattr(paged_attention, "PEEL_STAGES", 1)
+    monkeypatch.setattr(paged_attention, "TABLE_REGS_MAX", 512)
+    bad = ["kernels.pdl.PDL=False", "kernels.paged_attention.PEEL_STAGES=2.5"]
     with pytest.raises(ValueError):  # the second is wrong: the first is not set either
         bench_switches.apply(bad)
     assert pdl.PDL is True
-    specs = ["kernels.paged_attention.DECODE_ONE_LOOP=False", "kernels.paged_attention.MID_BATCH_SPLITS=2"]
+    specs = ["kernels.paged_attention.PEEL_STAGES=2", "kernels.paged_attention.TABLE_REGS_MAX=2"]
     done = bench_switches.apply(specs)
     assert done == {
-        "kernels.paged_attention.DECODE_ONE_LOOP": False,
-        "kernels.paged_attention.MID_BATCH_SPLITS": 2,
+        "kernels.paged_attention.PEEL_STAGES": 2,
+        "kernels.paged_attention.TABLE_REGS_MAX": 2,
     }
-    assert paged_attention.DECODE_ONE_LOOP is False and paged_attention.MID_BATCH_SPLITS == 2
+    assert paged_attention.PEEL_STAGES == 2 and paged_attention.TABLE_REGS_MAX == 2
 
 
 def test_apply_sets_the_running_program_when_it_is_the_module(monkeypatch):

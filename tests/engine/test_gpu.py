@@ -109,9 +109,9 @@ def test_batch_one_layers_match_hf(ckpt, tma, monkeypatch):
 
 def test_wide_batch_longest_first_matches_plain_dispatch(ckpt, monkeypatch):
     """Decode batches of a wave or more of (sequence, KV head) programs run longest first, a sequence's
-    KV heads side by side (kernels.paged_attention.DECODE_LONGEST_FIRST / DECODE_HEAD_MAJOR; the order
-    sorted on the device once per step, inside the graphs too): the same greedy tokens as the plain
-    dispatch, with CUDA graphs and eager."""
+    KV heads side by side (kernels.paged_attention.wants_order; the order sorted on the device once per
+    step, inside the graphs too): the same greedy tokens as the dispatch in row order, with CUDA graphs
+    and eager."""
     from kernels import paged_attention as pa
 
     rng = random.Random(11)
@@ -119,8 +119,8 @@ def test_wide_batch_longest_first_matches_plain_dispatch(ckpt, monkeypatch):
     assert pa.wants_order(len(ps), SHAPE["num_key_value_heads"], torch.device("cuda"))
     got = {}
     for on in (True, False):
-        monkeypatch.setattr(pa, "DECODE_LONGEST_FIRST", on)
-        monkeypatch.setattr(pa, "DECODE_HEAD_MAJOR", on)
+        if not on:
+            monkeypatch.setattr(pa, "wants_order", lambda *args: False)
         for eager in (False, True):
             llm = LLM(ckpt, dtype="bfloat16", max_model_len=1024, enforce_eager=eager)
             got[on, eager] = [o.token_ids for o in llm.generate(ps, GREEDY)]

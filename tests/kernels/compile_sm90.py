@@ -76,14 +76,7 @@ def _launches(dtype: torch.dtype):
                     qkv[:2, 16:24], qkv[:2, 24:], w[:128], w[:128], 1e-6, torch.arange(2),
                     torch.randn(16, 128), torch.arange(2),
                 )  # fmt: skip
-                default = pa.DECODE_ONE_LOOP
-                for one_loop in (False, True):  # DECODE_ONE_LOOP: every tile in one masked loop, or not
-                    pa.DECODE_ONE_LOOP = one_loop
-                    try:
-                        q2 = qkv[:2, :16]
-                        paged_decode_attention(q2, kc, vc, bt, sl, 0.1, new_token=new, num_splits=splits)
-                    finally:
-                        pa.DECODE_ONE_LOOP = default
+                paged_decode_attention(qkv[:2, :16], kc, vc, bt, sl, 0.1, new_token=new, num_splits=splits)
             # the wide batch of a model with folded norms: q/k/v times 1 / rms of the residual's row first
             folded = NewTokenQK(qkv[:2, 16:24], qkv[:2, 24:], w[:128], w[:128], 1e-6, torch.arange(2),
                                 torch.randn(16, 128), torch.arange(2), x[:2], 1e-6)  # fmt: skip

@@ -61,21 +61,17 @@ def _fused(q, k, v, wq, wk, pos, cs, kc, vc, bt, sl, slots, window=None, **kw):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("norm", [True, False])
-@pytest.mark.parametrize("one_loop", [False, True])
-@pytest.mark.parametrize("peel", [False, True])
-@pytest.mark.parametrize("table", [False, True, "part"])
-def test_fused_decode_matches_reference(dtype, num_splits, norm, one_loop, peel, table, monkeypatch):
-    """peel (split launches at batch 1): each split's first tile asked for before the new token's work,
-    the new row patched in from registers; 70 keys in 3 splits of 16-key tiles run a peeled tile and a
-    loop. table: the block-table row held in registers, read per tile, or ("part") two entries of it
-    held at a time, each 16-key chunk's entries read after the chunk before."""
-    monkeypatch.setattr(paged_attention, "DECODE_ONE_LOOP", one_loop)
-    monkeypatch.setattr(paged_attention, "DECODE_PEEL", peel)
-    monkeypatch.setattr(paged_attention, "DECODE_TABLE_REGS", bool(table))
+@pytest.mark.parametrize("batch_one", [False, True])
+@pytest.mark.parametrize("table", ["whole", "part"])
+def test_fused_decode_matches_reference(dtype, num_splits, norm, batch_one, table, monkeypatch):
+    """batch_one with splits: the launch is peeled (each split's first tile asked for before the new
+    token's work, the new row patched in from registers, the block-table row read per tile); 70 keys in 3
+    splits of 16-key tiles run a peeled tile and a loop. table: the block-table row held in registers
+    whole, or ("part") two entries of it at a time, each 16-key chunk's entries read after the chunk
+    before."""
     if table == "part":
         monkeypatch.setattr(paged_attention, "TABLE_REGS_MAX", 2)
-        monkeypatch.setattr(paged_attention, "DECODE_TABLE_PART", True)
-    ctx = [70] if peel else [37, 5, 70]
+    ctx = [70] if batch_one else [37, 5, 70]
     case = _case(dtype, ctx, norm=norm)
     out, kc, vc = _fused(*case, num_splits=num_splits)
     want, kc_ref, vc_ref = _reference(*case)
@@ -85,12 +81,9 @@ def test_fused_decode_matches_reference(dtype, num_splits, norm, one_loop, peel,
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("one_loop", [False, True])
 @pytest.mark.parametrize("peel", [False, True])
-def test_fused_decode_window_and_padding_row(dtype, one_loop, peel, monkeypatch):
-    monkeypatch.setattr(paged_attention, "DECODE_ONE_LOOP", one_loop)
-    monkeypatch.setattr(paged_attention, "DECODE_PEEL", peel)
-    # row 1 is CUDA-graph padding: seq_len 0, slot -1 (peel: batch 1, the window alone)
+def test_fused_decode_window_and_padding_row(dtype, peel):
+    # row 1 is CUDA-graph padding: seq_len 0, slot -1 (peel: batch 1 in 2 splits, the window alone)
     ctx = [40] if peel else [40, 0, 23]
     case = _case(dtype, ctx)
     out, kc, vc = _fused(*case, window=9, num_splits=2)
@@ -103,13 +96,11 @@ def test_fused_decode_window_and_padding_row(dtype, one_loop, peel, monkeypatch)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("norm", [True, False])
 @pytest.mark.parametrize("num_splits", [1, 3])
-@pytest.mark.parametrize("cancels", [False, True])
-def test_fused_decode_row_scale(dtype, norm, num_splits, cancels, monkeypatch):
+def test_fused_decode_row_scale(dtype, norm, num_splits):
     """q/k/v of a qkv projection that read the residual stream without its RMSNorm (the norm's weight
     folded into the projection): the launch multiplies them by 1 / rms(h's row) first, as
-    reference.row_scaled, before the q/k norm, RoPE, store and attention. cancels (16-bit with a q/k
-    norm): only v takes the scale, which the q/k norm cancels, within the dtype's tolerance."""
-    monkeypatch.setattr(paged_attention, "DECODE_NORM_CANCELS", cancels)
+    reference.row_scaled, before the q/k norm, RoPE, store and attention. 16-bit with a q/k norm: only v
+    takes the scale, which the q/k norm cancels, within the dtype's tolerance."""
     ctx = [37, 5, 70]
     q, k, v, wq, wk, pos, cs, kc, vc, bt, sl, slots = _case(dtype, ctx, norm=norm)
     gen = torch.Generator().manual_seed(9)

@@ -134,16 +134,13 @@ DECODE_CTX = [1, 20, 75, 33]
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("num_splits", [1, 3, 8])
-@pytest.mark.parametrize("table", [True, False])
-def test_decode_matches_reference(dtype, block_size, num_splits, table, monkeypatch):
-    """table (DECODE_TABLE_REGS): each program's block-table row read into registers once, its tiles'
-    blocks gathered from there; else read per tile. 8 splits of 75 keys leave some splits empty."""
-    monkeypatch.setattr(pa, "DECODE_TABLE_REGS", table)
+def test_decode_matches_reference(dtype, block_size, num_splits):
+    """Each program's block-table row read into registers once, its tiles' blocks gathered from there.
+    8 splits of 75 keys leave some splits empty."""
     out, args = _decode(dtype, block_size, DECODE_CTX, num_splits)
     assert max_err(out, ref.decode_attention(*args)) < ATOL[dtype]
     launch = pa.decode_launch(*args[:6], num_splits=num_splits)
-    block_t = launch.consts["BLOCK_T"]  # the row's entries held in registers, 0 when read per tile
-    assert block_t >= args[3].shape[1] if table else block_t == 0
+    assert launch.consts["BLOCK_T"] >= args[3].shape[1]  # the row's entries held in registers
 
 
 @pytest.mark.parametrize("regs_max", [1, 2, 4, 7])
@@ -151,17 +148,13 @@ def test_decode_matches_reference(dtype, block_size, num_splits, table, monkeypa
     ("window", "alibi", "num_splits"), [(None, False, 1), (None, False, 2), (30, True, 3)]
 )
 def test_decode_table_wider_than_registers_holds_part_of_it(regs_max, window, alibi, num_splits, monkeypatch):
-    """A block table wider than TABLE_REGS_MAX entries (rounded down to a power of two), with
-    DECODE_TABLE_PART: each program holds that many entries from its split's first block and walks a
-    longer split in chunks, reading each next chunk's entries (2 entries cover one 16-key chunk: 75 keys
-    take 5), with the result of the whole row held (the same tiles in the same order); without it the
-    whole row is read per tile."""
+    """A block table wider than TABLE_REGS_MAX entries (rounded down to a power of two): each program
+    holds that many entries from its split's first block and walks a longer split in chunks, reading
+    each next chunk's entries (2 entries cover one 16-key chunk: 75 keys take 5), with the result of the
+    whole row held (the same tiles in the same order)."""
     out, args = _decode(torch.float32, 16, DECODE_CTX, num_splits, window, alibi)
     assert max_err(out, ref.decode_attention(*args)) < ATOL[torch.float32]
     monkeypatch.setattr(pa, "TABLE_REGS_MAX", regs_max)
-    monkeypatch.setattr(pa, "DECODE_TABLE_PART", False)  # off: the row read per tile
-    assert pa.decode_launch(*args[:6], num_splits=num_splits).consts["BLOCK_T"] == 0
-    monkeypatch.setattr(pa, "DECODE_TABLE_PART", True)
     launch = pa.decode_launch(*args[:6], num_splits=num_splits, sliding_window=window, alibi_slopes=args[-1])
     held = max(1 << (regs_max.bit_length() - 1), 2)  # at least a 16-key tile's chunk (one entry more)
     assert launch.consts["BLOCK_T"] == held and launch.consts["TABLE_PART"]
@@ -173,12 +166,9 @@ def test_decode_table_wider_than_registers_holds_part_of_it(regs_max, window, al
 @pytest.mark.parametrize(
     ("window", "alibi", "num_splits"), [(9, False, 1), (30, False, 4), (None, True, 3), (25, True, 2)]
 )
-def test_decode_window_and_alibi(dtype, window, alibi, num_splits, monkeypatch):
-    for one_loop, table in ((False, False), (True, False), (True, True)):  # the same result every way
-        monkeypatch.setattr(pa, "DECODE_ONE_LOOP", one_loop)
-        monkeypatch.setattr(pa, "DECODE_TABLE_REGS", table)
-        out, args = _decode(dtype, 16, DECODE_CTX, num_splits, window, alibi)
-        assert max_err(out, ref.decode_attention(*args)) < ATOL[dtype]
+def test_decode_window_and_alibi(dtype, window, alibi, num_splits):
+    out, args = _decode(dtype, 16, DECODE_CTX, num_splits, window, alibi)
+    assert max_err(out, ref.decode_attention(*args)) < ATOL[dtype]
 
 
 def test_decode_equals_prefill_of_one_token():
@@ -200,18 +190,17 @@ def test_decode_auto_splits_out_buffer_and_empty_sequence():
     assert torch.all(out[1] == 0) and not out.isnan().any()
 
 
-@pytest.mark.parametrize("head_major", [False, True])
-def test_decode_order_and_head_major_change_no_value(head_major, monkeypatch):
+def test_decode_order_and_head_major_change_no_value():
     """A wide batch (batch x KV heads >= SMs; the interpreter counts 4) dispatched longest first and a
-    sequence's KV heads side by side: every row equals the plain dispatch's, bit for bit."""
-    monkeypatch.setattr(pa, "DECODE_HEAD_MAJOR", False)
+    sequence's KV heads side by side: every row equals the dispatch in row order's, bit for bit; a
+    split launch of the same batch is not head-major."""
     ctx = [3, 75, 20, 1, 48]
     q, kc, vc, bt, _, sl = make_paged(ctx, [1] * len(ctx), H, HK, D, 16, torch.float32)
     plain = paged_decode_attention(q, kc, vc, bt, sl, SCALE, num_splits=1)
     assert pa.wants_order(len(ctx), HK, q.device)
-    monkeypatch.setattr(pa, "DECODE_HEAD_MAJOR", head_major)
     launch = pa.decode_launch(q, kc, vc, bt, sl, SCALE, num_splits=1, order=torch.zeros(5, dtype=torch.int32))
-    assert launch.grid == ((HK, 5, 1) if head_major else (5, HK, 1)) and launch.consts["ORDERED"]
+    assert launch.grid == (HK, 5, 1) and launch.consts["ORDERED"] and launch.consts["HEAD_MAJOR"]
+    assert pa.decode_launch(q, kc, vc, bt, sl, SCALE, num_splits=2).grid == (5, HK, 2)
     order = pa.longest_first(sl)
     assert order.dtype == torch.int32 and order.tolist() == [1, 4, 2, 0, 3]
     ordered = paged_decode_attention(q, kc, vc, bt, sl, SCALE, num_splits=1, order=order)
@@ -221,11 +210,9 @@ def test_decode_order_and_head_major_change_no_value(head_major, monkeypatch):
         paged_decode_attention(q, kc, vc, bt, sl, SCALE, num_splits=1, order=order.long())
 
 
-def test_wants_order(monkeypatch):
+def test_wants_order():
     cpu = torch.device("cpu")  # counted as 4 SMs
     assert pa.wants_order(2, 2, cpu) and not pa.wants_order(1, 2, cpu)
-    monkeypatch.setattr(pa, "DECODE_LONGEST_FIRST", False)
-    assert not pa.wants_order(64, 8, cpu)
 
 
 def test_choose_num_splits():
@@ -235,14 +222,6 @@ def test_choose_num_splits():
     assert choose_num_splits(17, 8, 4096, 132) == 1  # 136 programs fill the SMs: no reduce launch
     assert choose_num_splits(16, 8, 4096, 132) == 3
     assert choose_num_splits(4, 8, 0, 132) == 1
-
-
-def test_choose_num_splits_mid_batch(monkeypatch):
-    monkeypatch.setattr(pa, "MID_BATCH_SPLITS", 2)
-    assert choose_num_splits(17, 8, 4096, 132) == 2  # one wave to a few: each sequence in 2 splits
-    assert choose_num_splits(131, 8, 4096, 132) == 2
-    assert choose_num_splits(132, 8, 4096, 132) == 1  # 8 waves and more: none
-    assert choose_num_splits(16, 8, 4096, 132) == 3  # below one wave: as before
 
 
 def test_launcher_rejects_bad_shapes():
@@ -352,7 +331,7 @@ def test_gpu_decode(dtype, num_splits, window, alibi):
 @pytest.mark.parametrize("num_splits", [1, 3])
 @gpu
 def test_gpu_decode_table_wider_than_registers(num_splits):
-    """Tables 2,560 entries wide (the engine's graphs at 40,960 positions) with DECODE_TABLE_PART: a
+    """Tables 2,560 entries wide (the engine's graphs at 40,960 positions), part of each held: a
     split of 12,000 keys walks two chunks of held entries; bf16 against the fp32 reference."""
     ctx = [1, 17, 5000, 9000, 12000, 300]
     q, kc, vc, bt, _, sl = make_paged(ctx, [1] * len(ctx), GPU_H, GPU_HK, GPU_D, 16, torch.bfloat16, "cuda")

@@ -34,7 +34,6 @@ def test_decode_launch_asks_for_it_at_batch_one_or_after_a_release(monkeypatch):
     assert not pa.decode_launch(q[:1], kc, vc, bt[:1], sl[:1], 0.1, num_splits=8).consts["PDL"]  # CPU
     with record_launches():
         after = pa.decode_launch(q, kc, vc, bt, sl, 0.1, num_splits=1, after_release=True)
-        monkeypatch.setattr(pa, "AFTER_RELEASE_PDL", False)
-        off = pa.decode_launch(q, kc, vc, bt, sl, 0.1, num_splits=1, after_release=True)
+        off = pa.decode_launch(q, kc, vc, bt, sl, 0.1, num_splits=1)
     assert after.consts["PDL"] == pdl._supported_by_triton()
     assert not off.consts["PDL"]
