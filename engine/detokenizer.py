@@ -9,7 +9,9 @@ incomplete stays U+FFFD as it does there. SentencePiece byte fallback decodes a 
 tokens all or nothing (any invalid byte turns the whole run into U+FFFDs), so a run's text waits
 until a token that is not a byte ends it. Text that could still become the start of a stop string
 is held back until it is known not to be one. With a Rust byte-level tokenizer the window runs
-inside it (tokenizers' DecodeStream: the same rule, one call per token instead of two decodes)."""
+inside it (tokenizers' DecodeStream: the same rule, one call per token instead of two decodes).
+Not exact: a tokenizer with clean_up_tokenization_spaces (decode rewrites " ." as "." afterwards)
+is decoded window by window through tokenizer.decode, so such a rewrite across two windows is missed."""
 
 from __future__ import annotations
 
