@@ -409,3 +409,9 @@ async def test_hostile_bodies_leave_streams_in_flight_alone(fake_server, fake_en
         for body in await asyncio.gather(*streams):
             (choice,), _ = check_chat_stream(body)
             assert choice.finish_reason == "stop" and choice.content == "Hello from sample 0. " * 8
+
+
+def test_prefix_cache_hits_are_a_counter(client):
+    text = client.get("/metrics").text
+    assert "# TYPE chatloom_prefix_cache_hit_tokens_total counter" in text
+    assert "chatloom_prefix_cache_hit_tokens_total 0.0" in text  # the fake engine's figure
