@@ -1,7 +1,7 @@
 """BatchGraphs: steps with prefill chunks captured in CUDA graphs, one graph per token count of a ladder.
 
-Run eagerly, such a step costs the host ~300 launches, on the H200's host ~20-30 ms whatever its size,
-while the GPU needs ~19 ms for 8,192 tokens and ~1 ms for 100. Replayed, it costs one launch, and the
+Run eagerly, such a step costs the host ~300 launches, more host time than the GPU needs for a short
+step. Replayed, it costs one launch, and the
 host prepares the next step while the GPU runs this one.
 
 Any mix of sequences fits one graph. The decodes come first, one token each: the decode attention runs

@@ -11,11 +11,8 @@ _LOAD_FORMATS = ("auto", "safetensors", "dummy")
 @dataclass
 class EngineConfig:
     model: str = ""
-    # tokens a KV-cache block holds; None: 32 on CUDA, 16 on the CPU. H200, W2: 32-token blocks
-    # 27,332 / 27,363 tok/s against 27,246 / 27,243 with 16 (runs alternated, one machine session);
-    # 32 against 16 in five pairs over three machine sessions +0.2-0.5% (27,274 against 27,224 at
-    # 40,960 positions): the step's block-table rows (uploaded, copied into the graph, held by the
-    # decode attention) are half as wide
+    # tokens a KV-cache block holds; None: 32 on CUDA (the step's block-table rows, uploaded, copied
+    # into the graph and held by the decode attention, are half as wide as with 16), 16 on the CPU
     block_size: int | None = None
     num_kv_blocks: int | None = None  # None: size the pool from memory (see gpu_memory_utilization)
     gpu_memory_utilization: float = 0.85  # fraction of free device memory the KV pool may take

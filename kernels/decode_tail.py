@@ -5,9 +5,9 @@
     y        = silu(gu[:, :I]) * gu[:, I:] @ Wd^T (+ bd)          stage 3
     h2       = y + h;  qkv = rms_norm(h2) * w1' @ Wqkv'^T (+ b)   stage 4 (the next layer's input; optional)
 
-At batch 1 each projection is a weight stream of 4-12 MB that the H200 reads in 1-3 us; launched one by
-one, each also pays a kernel boundary and a chain of dependent memory round trips. Here each of a few
-programs per SM (TailConfig) owns a contiguous slice of every stage's weight rows (ROWS_s =
+At batch 1 each projection is a weight stream of 4-12 MB that the GPU reads in a few microseconds;
+launched one by one, each also pays a kernel boundary and a chain of dependent memory round trips.
+Here each of a few programs per SM (TailConfig) owns a contiguous slice of every stage's weight rows (ROWS_s =
 cdiv(N_s, programs) whole rows) and holds each slice in registers: it asks for stage 1's and stage 2's
 slices at once at the start, and for stage s + 1's as soon as stage s begins, so DRAM streams the next
 weights while the current stage waits for its input, multiplies and stores. Between stages all
@@ -49,15 +49,11 @@ class TailConfig(NamedTuple):
     num_warps: int
 
 
-# H200, Qwen3-0.6B shapes (o 1024x2048, gate_up 6144x1024, down 1024x3072, qkv 4096x1024), us per layer
-# with 8 layers' weights streamed from HBM (`python -m bench.kernels --sweep-tail`): two programs of 8
-# warps per SM 18.2, one of 16 warps 18.3, one of 8 19.2, two/three/four of 4 warps 20.4/20.4/20.9; the
-# four projections launched one by one 19.5 (kernels.gemv), this kernel's stages launched one by one
-# 19.0. With 4 warps the weights are multiplied in the layout they were loaded in (8 and 16 move them
-# through shared memory), but more programs contend for the one barrier counter.
-# Handing a stage's output over without a barrier (each value in a 32-bit word beside a tag of the
-# launch, readers re-reading until every word carries it, no fence, so the weights in flight need not
-# drain at each stage) measured slower: 18.8 us per layer in W3 against 16.8, 19.2 in this sweep.
+# Two programs of 8 warps per SM: the fastest of `python -m bench.kernels --sweep-tail` at the
+# Qwen3-0.6B shapes. With 4 warps the weights are multiplied in the layout they were loaded in (8 and 16
+# move them through shared memory), but more programs contend for the one barrier counter. Handing a
+# stage's output over without a barrier (tagged words re-read until every one carries the launch's tag)
+# measured slower.
 DEFAULT_CONFIG = TailConfig(2, 8)
 INTERPRET_CONFIG = TailConfig(4, 4)  # the interpreter counts one "SM"
 MAX_M = 1  # batch sizes the engine sends here, and the one launch takes (its grid is sized for M = 1)

@@ -9,7 +9,7 @@ read them (TmaPlan.alias: 144 KB of buffers), leaving room on the SM for a decod
 copies run beside the program's own loads and stores: a grid barrier's release fence does not wait for
 them (kernels.decode_tail's weights, held in registers, drain at every barrier).
 
-What the launch's time depends on, measured with `python -m bench.tail_timeline --tma` on the H200: a
+What the launch's time depends on, measured with `python -m bench.tail_timeline --tma`: a
 load issued while copies are queued waits behind them, whether it reads HBM or L2 (the stage inputs,
 the barrier's counter). So the copies are issued as late as they can still land in time: gate_up's
 after stage 1's weights and input were asked for, down's and the next qkv's once the stage before them

@@ -272,8 +272,8 @@ def apply_token_bitmask_(
 
 
 def _gemv_fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    # Note: eager (outside CUDA graphs) a Triton launch costs ~55 us of CPU against ~23 us for cuBLAS's
-    # (bench.kernels, H200); the engine's decode steps are graphed, where only GPU time counts.
+    # eager (outside CUDA graphs) a Triton launch costs the host more than cuBLAS's; the engine's decode
+    # steps are graphed, where only GPU time counts
     return (
         x.dim() == 2
         and use_triton(x)

@@ -1,7 +1,7 @@
 """y = x @ W^T (+ bias) for decode-sized batches: x (M, K) with M <= 64, W (N, K) (matches reference.linear).
 
 At batch 1 a projection is a pure weight stream: every weight is read once and used once, so the kernel
-must keep all SMs busy reading. cuBLAS picks tiles made for large M and reaches ~1.5 TB/s on the
+must keep all SMs busy reading. cuBLAS picks tiles made for large M, well below the memory's rate on the
 Qwen3-0.6B projections; these kernels split the rows of W over many small programs instead.
 
 Two paths, chosen per call by `choose_config`:
@@ -238,20 +238,19 @@ def _split_k_reduce_kernel(
 
 
 # Tuned on the H200 (bf16, weights streamed from HBM, CUDA-graph replay; `python -m bench.kernels
-# --sweep-gemv 1,2,4,8,16,32,64`, 2026-11-29): (N, K, BLOCK_M) -> config, for the Qwen3-0.6B projections
-# qkv 4096x1024, o 1024x2048, gate_up 6144x1024, down 1024x3072. Other shapes use `_heuristic`.
+# --sweep-gemv 1,2,4,8,16,32,64`): (N, K, BLOCK_M) -> config, for the Qwen3-0.6B projections qkv
+# 4096x1024, o 1024x2048, gate_up 6144x1024, down 1024x3072. Other shapes use `_heuristic`.
 TUNED: dict[tuple[int, int, int], GemvConfig] = {
-    # M = 1 from a second, wider sweep (2, 4 or 8 warps; BLOCK_K up to 2048): same-config spread ~1%
-    (4096, 1024, 1): GemvConfig("fma", 4, 512, 1, 2, 1),  # qkv M=1: 4.50 us vs cuBLAS 5.03
-    (1024, 2048, 1): GemvConfig("fma", 1, 1024, 1, 4, 1),  # o M=1: 3.49 us vs cuBLAS 12.67
-    (6144, 1024, 1): GemvConfig("fma", 4, 512, 1, 2, 1),  # gate_up M=1: 5.46 us vs cuBLAS 5.96
-    (1024, 3072, 1): GemvConfig("fma", 1, 1024, 1, 4, 1),  # down M=1: 4.32 us vs cuBLAS 6.74
-    (1024, 2048, 2): GemvConfig("fma", 2, 256, 1, 4, 1),  # o M=2: 6.37 us vs cuBLAS 12.77
-    (1024, 2048, 4): GemvConfig("fma", 2, 256, 1, 4, 1),  # o M=4: 6.67 us vs cuBLAS 8.29
+    (4096, 1024, 1): GemvConfig("fma", 4, 512, 1, 2, 1),  # qkv M=1
+    (1024, 2048, 1): GemvConfig("fma", 1, 1024, 1, 4, 1),  # o M=1
+    (6144, 1024, 1): GemvConfig("fma", 4, 512, 1, 2, 1),  # gate_up M=1
+    (1024, 3072, 1): GemvConfig("fma", 1, 1024, 1, 4, 1),  # down M=1
+    (1024, 2048, 2): GemvConfig("fma", 2, 256, 1, 4, 1),  # o M=2
+    (1024, 2048, 4): GemvConfig("fma", 2, 256, 1, 4, 1),  # o M=4
 }
 # Where the Triton kernel beats cuBLAS (same sweep): (N, K) -> the M it wins at. From M = 2 (M = 8 on the
-# tensor-core path) up to 64, cuBLAS is within +-7% on these shapes (the best of a sweep, biased low),
-# except o_proj at M <= 4, where cuBLAS's batch-1 kernel is slow. Shapes not listed: M = 1 only (the
+# tensor-core path) up to 64, cuBLAS is as fast on these shapes, except o_proj at M <= 4, where cuBLAS's
+# batch-1 kernel is slow. Shapes not listed: M = 1 only (the
 # heuristic config beat cuBLAS on all four shapes at M = 1).
 WINS_AT_M: dict[tuple[int, int], frozenset[int]] = {
     (1024, 2048): frozenset({1, 2, 3, 4}),

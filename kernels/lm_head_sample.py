@@ -173,11 +173,9 @@ def _lm_head_sample_kernel(
 def choose_config(
     m: int, n: int, device: torch.device, block_n=None, num_warps=None, num_programs=None
 ) -> LmHeadConfig:
-    """The given values, the rest by default. Interpreter: blocks of 16 rows, 8 programs. GPU (H200,
-    bf16, the Qwen3-0.6B lm_head, `python -m bench.kernels --sweep-lm-head`): at M = 1 blocks of 4 rows
-    over 2 warps, 8 programs an SM: 75.5 us (4.12 TB/s) against 83.3 for F.linear + sample_tokens (the
-    same kernel walking K in steps of 64-512 columns, without the block asked ahead: 85 us at best).
-    M = 2..4: 4 warps, 4 programs an SM (not measured; the engine takes this kernel at M = 1 only)."""
+    """The given values, the rest by default. Interpreter: blocks of 16 rows, 8 programs. GPU: at M = 1
+    blocks of 4 rows over 2 warps, 8 programs an SM (`python -m bench.kernels --sweep-lm-head` times the
+    others); M = 2..4: 4 warps, 4 programs an SM (the engine takes this kernel at M = 1 only)."""
     interp = not recording() and (device.type == "cpu" or interpret_forced())
     pick = lambda given, default: default if given is None else given
     block_n = pick(block_n, 16 if interp else 4)

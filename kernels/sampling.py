@@ -196,8 +196,7 @@ def sample_tokens(
     block = max(16, min(next_pow2(vocab), 256 if interp else 1024))  # a multiple of 4 (see _uniforms)
     if num_chunks is None:
         # programs of 2 blocks: 75 per row of the 152k vocabulary, so batch 1 spreads over the SMs and
-        # batch 32 has ~2400 programs in flight (chunks of 4 blocks and <= 256 programs in all took
-        # 6.9 us at batch 1 but 32 us at batch 32 on the H200, 0.6 TB/s)
+        # batch 32 has ~2400 programs in flight (fewer, larger chunks starve the wide batches)
         num_chunks = 1 if interp else triton.cdiv(vocab, 2 * block)
     chunk = triton.cdiv(triton.cdiv(vocab, num_chunks), block) * block
     num_chunks = triton.cdiv(vocab, chunk)
