@@ -76,7 +76,7 @@ def check_value(value: Any) -> APIError | None:
                         where = param or "body"
                         return APIError(f"Invalid key in '{where}': the key {problem}.", param=param)
                     stack.append((child, (*parts, key), depth + 1))
-            else:
+            elif not all(type(child) is int for child in item):  # token-id lists: nothing to check
                 stack.extend((child, (*parts, i), depth + 1) for i, child in enumerate(item))
     return None
 
