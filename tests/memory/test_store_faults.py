@@ -274,3 +274,42 @@ async def test_failed_webhook_turn_leaves_no_question_behind(db_url, fake_engine
         assert '"type": "error"' in r.text
     assert _messages(db_url, "hook-fails") == [("user", "one"), ("assistant", "First answer.")]
     assert [m["content"] for m in _n8n_rows(db_url, "hook-fails")] == ["one", "First answer."]
+
+
+LONG = "x" * 256
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "param"),
+    [
+        ({"messages": [{"role": "user", "content": "hi"}], "session_id": LONG}, {}, "session_id"),
+        ({"messages": [{"role": "user", "content": "hi"}]}, {"X-Session-Id": LONG}, "session_id"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "tool", "content": "r", "tool_call_id": LONG},
+                ]
+            },
+            {"X-Session-Id": "long-ids"},
+            "messages[1].tool_call_id",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "hi", "name": LONG}]},
+            {"X-Session-Id": "long-ids"},
+            "messages[0].name",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "\ud800"}]},
+            {"X-Session-Id": "long-ids"},
+            "messages[0].content",
+        ),
+    ],
+)
+async def test_both_databases_refuse_the_same_inputs(db_url, fake_engine, body, headers, param):
+    async with running_app(make_settings(db_url), fake_engine) as client:
+        r = await client.post(
+            CHAT, content=json.dumps(body).encode(), headers={"Content-Type": "application/json", **headers}
+        )
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert _messages(db_url, "long-ids") == [] and _messages(db_url, LONG) == []
