@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import anyio
 import httpx
 
 from app.agent import replay
@@ -202,10 +203,30 @@ async def run_turn(
     max_tool_rounds: int = MAX_TOOL_ROUNDS,
     principal: Principal = OPEN,
 ) -> AsyncIterator[str]:
-    """principal: the caller; a session id another caller holds is a 404 (nothing read or written)."""
+    """principal: the caller; a session id another caller holds is a 404 (nothing read or written).
+    A turn that fails or is abandoned before its first reply is stored takes its user message
+    back out of the session (a retry does not find the question twice)."""
     async with session_lock(session_id):
-        async for piece in _run_turn_locked(deps, spec, session_id, user_text, max_tool_rounds, principal):
-            yield piece
+        unanswered: list[int] = []  # the user message's id until a reply is stored
+        try:
+            async for piece in _run_turn_locked(
+                deps, spec, session_id, user_text, max_tool_rounds, principal, unanswered
+            ):
+                yield piece
+        except BaseException:
+            if unanswered:
+                await _forget(deps.db, session_id, unanswered)
+            raise
+
+
+async def _forget(db: Database, session_id: str, message_ids: list[int]) -> None:
+    from app.memory.conversation import forget
+
+    with anyio.CancelScope(shield=True):  # runs while the request's task is being cancelled
+        try:
+            await forget(db, session_id, message_ids)
+        except APIError as exc:  # the store is down: its own log line says so
+            log.warning("could not remove the failed turn's message of %s: %s", session_id, exc)
 
 
 async def _run_turn_locked(
@@ -215,12 +236,15 @@ async def _run_turn_locked(
     user_text: str,
     max_tool_rounds: int,
     principal: Principal,
+    unanswered: list[int] | None = None,
 ) -> AsyncIterator[str]:
     engine, db = deps.engine, deps.db
     tokenizer = engine.tokenizer
     async with db.session() as s:
         await repo.claim_session(s, db.history, session_id, principal, spec.id)
-        await repo.add_message(s, db.history, session_id, "user", user_text)
+        user_row = await repo.add_message(s, db.history, session_id, "user", user_text)
+    if unanswered is not None:
+        unanswered.append(user_row.id)
     async with db.session() as s:
         history = [m.to_replay() for m in await repo.get_messages(s, db.history, session_id)]
 
@@ -283,6 +307,8 @@ async def _run_turn_locked(
                 tool_calls=openai_calls,
                 token_ids=made.token_ids,
             )
+        if unanswered is not None:
+            unanswered.clear()  # answered: the user message stays whatever happens next
         history.append(
             {"role": "assistant", "content": text, "tool_calls": openai_calls, "token_ids": made.token_ids}
         )
