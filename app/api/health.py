@@ -29,9 +29,7 @@ async def health(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
     problem = await db.ping(min(PING_TIMEOUT_S, db.timeout_s))
     if problem is not None:
-        return JSONResponse(
-            {"status": "degraded", "database": "down", "error": problem}, status_code=503
-        )
+        return JSONResponse({"status": "degraded", "database": "down", "error": problem}, status_code=503)
     return JSONResponse({"status": "ok", "database": "ok"})
 
 
