@@ -251,9 +251,106 @@ def budget_schema_regex(schema: Any) -> str:
     if schema is True or not isinstance(schema, dict):
         return _any_json_regex()
     try:
-        regex = json_schema_regex(_widen(copy.deepcopy(schema), schema, 0))
+        unrolled = _drop_false(unroll_refs(copy.deepcopy(schema)))
+        regex = json_schema_regex(_widen(unrolled, unrolled, 0))
     except GrammarInputError:
         raise  # the schema admits no value at all
     except (ValueError, RecursionError, OverflowError):
         return _any_json_regex()
     return regex if len(regex) <= MAX_BUDGET_REGEX else _any_json_regex()
+
+
+RECURSION_DEPTH = 6  # how deep a recursive $ref may nest in a request's grammar
+MAX_UNROLLED = 100_000  # characters of unrolled schema; a schema that branches more nests less deep
+
+
+def unroll_refs(schema: Any) -> Any:
+    """unroll_to at the deepest nesting (up to RECURSION_DEPTH) whose schema stays small."""
+    for depth in range(RECURSION_DEPTH, 0, -1):
+        try:
+            out = unroll_to(schema, depth)
+        except _TooBig:
+            continue
+        if len(json.dumps(out)) <= MAX_UNROLLED:
+            return out
+    raise GrammarInputError("the schema's references expand to more than chatloom compiles")
+
+
+class _TooBig(Exception):
+    pass
+
+
+def unroll_to(schema: Any, depth: int) -> Any:
+    """The schema with its local `$ref`s inlined, each recursive one at most `depth` times on any
+    path; deeper, the reference becomes `false` (no value), so a tree ends after `depth` levels.
+    Both the grammar and the budget compile this one language (a subset of the schema's: every
+    output still validates), which keeps the budget exact for recursive schemas too."""
+    if not isinstance(schema, dict):
+        return schema
+    root = schema
+
+    def target(ref: str) -> Any:
+        m = _LOCAL_REF.match(ref)
+        if m is None:
+            return None
+        if m.group(1) is None:
+            return root
+        return (root.get("$defs") or root.get("definitions") or {}).get(m.group(1))
+
+    nodes = [0]
+
+    def walk(node: Any, seen: dict[str, int]) -> Any:
+        if isinstance(node, list):
+            return [walk(x, seen) for x in node]
+        if not isinstance(node, dict):
+            return node
+        nodes[0] += 1
+        if nodes[0] > MAX_UNROLLED // 10:
+            raise _TooBig
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            found = target(ref)
+            if not isinstance(found, dict):
+                return node  # not ours to resolve: the grammar library reports it
+            if seen.get(ref, 0) >= depth:
+                return False
+            merged = {k: v for k, v in found.items() if k not in ("$defs", "definitions")}
+            merged.update({k: v for k, v in node.items() if k != "$ref"})
+            return walk(merged, {**seen, ref: seen.get(ref, 0) + 1})
+        out = {}
+        for k, v in node.items():
+            if k in ("$defs", "definitions"):
+                continue
+            if k in ("properties", "patternProperties") and isinstance(v, dict):
+                out[k] = {name: walk(sub, seen) for name, sub in v.items()}
+            elif k in ("enum", "const"):
+                out[k] = v
+            else:
+                out[k] = walk(v, seen)
+        return out
+
+    return walk(schema, {})
+
+
+def _drop_false(node: Any) -> Any:
+    """outlines_core reads no `false` schemas: an array of them is empty, an alternative or an
+    optional property that is `false` goes."""
+    if isinstance(node, list):
+        return [_drop_false(x) for x in node if x is not False]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for k, v in node.items():
+        if k == "items" and v is False:
+            out["maxItems"] = 0
+        elif k == "properties" and isinstance(v, dict):
+            out[k] = {name: _drop_false(sub) for name, sub in v.items() if sub is not False}
+        elif k in ("enum", "const"):
+            out[k] = v
+        else:
+            out[k] = _drop_false(v)
+    if "required" in out and isinstance(out.get("properties"), dict):
+        gone = {n for n, sub in node.get("properties", {}).items() if sub is False}
+        if gone & set(out["required"]):
+            raise GrammarInputError("the schema's recursion has no end (a required property recurses)")
+    return out

@@ -21,7 +21,7 @@ from typing import Any
 
 from grammar.dialects import HERMES, Dialect
 from grammar.errors import GrammarInputError
-from grammar.schema_regex import budget_schema_regex, escape
+from grammar.schema_regex import budget_schema_regex, escape, unroll_refs
 from grammar.vocab import MARKER_BYTES, TokenVocab
 
 # free text for the budget: any text without reserved control bytes (markers, forbidden tokens)
@@ -125,7 +125,9 @@ def strict_schema(schema: Any, field: str) -> dict:
             out["additionalProperties"] = False
         return out
 
-    out = walk(schema)
+    out = walk(unroll_refs(schema))
+    if out is False or not isinstance(out, dict):
+        raise GrammarInputError(f"{field}: the schema admits no value")
     out["x-guidance"] = dict(JSON_LAYOUT)
     return out
 

@@ -339,8 +339,10 @@ def test_session_memory_through_chat_completions(fake_server, fake_engine, scrip
 @pytest.fixture
 def grammar_stub(monkeypatch):
     """A grammar.api stand-in recording what the app asks for."""
-    import sys
     import types
+
+    from app.chat import constraints
+    from grammar.errors import GrammarInputError
 
     calls = []
 
@@ -354,10 +356,10 @@ def grammar_stub(monkeypatch):
     def build_constraint(tokenizer, **kw):
         calls.append(kw)
         if kw["max_tokens"] < 5:
-            raise ValueError("max_tokens is too small for the tool-call grammar")
+            raise GrammarInputError("max_tokens is too small for the tool-call grammar")
         return Factory()
 
-    monkeypatch.setitem(sys.modules, "grammar.api", types.SimpleNamespace(build_constraint=build_constraint))
+    monkeypatch.setattr(constraints, "api", types.SimpleNamespace(build_constraint=build_constraint))
     return calls
 
 
@@ -446,16 +448,17 @@ def test_our_schemas_describe_what_we_send(fake_server, script):
 
 
 def test_slow_grammar_does_not_hold_the_request(fake_server, script, grammar_stub, monkeypatch):
-    import sys
     import time as _time
     import types
+
+    from app.chat import constraints
 
     def slow(tokenizer, **kw):
         grammar_stub.append(kw)
         _time.sleep(1.0)
         return None
 
-    monkeypatch.setitem(sys.modules, "grammar.api", types.SimpleNamespace(build_constraint=slow))
+    monkeypatch.setattr(constraints, "api", types.SimpleNamespace(build_constraint=slow))
     monkeypatch.setattr(fake_server.app.state.settings, "grammar_timeout_s", 0.2)
     script("free text")
     r = post(fake_server, "/v1/chat/completions", {"messages": USER, "tools": TOOLS})
