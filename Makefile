@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint install clean
+.PHONY: run test check lint install clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -21,6 +21,12 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -m "not gpu" $(PYTEST_ARGS)
+
+# a developer's inner loop: lint, types (mypy: engine/ and app/, see pyproject) and the fast tests
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -m "not slow and not gpu" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
