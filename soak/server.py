@@ -38,15 +38,22 @@ def tiny_checkpoint(folder: Path) -> Path:
 
 
 def _rss(pid: int) -> int:
-    """Resident bytes of pid and its children (a grammar worker process counts too)."""
+    """Memory of pid and its children (a grammar worker process counts too): their proportional set
+    sizes, so pages a forked child shares with the server are counted once."""
     import psutil
+
+    def own(p) -> int:
+        try:
+            return p.memory_full_info().pss
+        except (psutil.AccessDenied, AttributeError):
+            return p.memory_info().rss
 
     try:
         proc = psutil.Process(pid)
-        total = proc.memory_info().rss
+        total = own(proc)
         for child in proc.children(recursive=True):
             with contextlib.suppress(psutil.Error):
-                total += child.memory_info().rss
+                total += own(child)
         return total
     except psutil.Error:
         return 0
@@ -132,7 +139,7 @@ class Server:
                 self.killed_for_memory = True
                 self.kill()
                 return
-            time.sleep(0.1)
+            time.sleep(0.2)
 
     @property
     def alive(self) -> bool:
