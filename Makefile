@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test check lint install clean
+.PHONY: run test check lint install clean soak
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -27,6 +27,11 @@ check: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -m "not slow and not gpu" $(PYTEST_ARGS)
+
+# issue 42's hostile-input and fault soak (about 10 minutes; servers on 127.0.0.1; briefly stops
+# the local PostgreSQL cluster): prints the figures, exits non-zero when one is off
+soak: $(STAMP)
+	$(BIN)/python -m soak.run $(SOAK_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
