@@ -85,7 +85,10 @@ class AsyncEngine:
         rid = request_id or f"req-{next(self._ids)}"
         if rid in self._streams:  # checked here: a failed add must not abort or unhook the running one
             raise ValueError(f"request id {rid!r} is already running")
-        ids = self.core.encode(prompt)
+        # a long text takes seconds to tokenize: off the event loop, which serves other requests
+        ids = await asyncio.to_thread(self.core.encode, prompt) if isinstance(prompt, str) else list(prompt)
+        if rid in self._streams:  # again: another request may have taken the id meanwhile
+            raise ValueError(f"request id {rid!r} is already running")
         out_q: asyncio.Queue = asyncio.Queue()
         self._streams[rid] = (asyncio.get_running_loop(), out_q)
         done: asyncio.Future = asyncio.get_running_loop().create_future()
