@@ -6,6 +6,10 @@ timeouts, the pool's checkout timeout, SQLite's busy timeout), and a session() t
 the store is down, frozen or locked raises app.errors.StoreUnavailable (a 503 with the OpenAI
 error object), logged as one line.
 
+Replicas on one PostgreSQL: each process holds at most pool_size + max_overflow connections
+(CHATLOOM_DATABASE_POOL_SIZE / _MAX_OVERFLOW), and startup_lock() makes replicas that start
+together migrate and seed one at a time (a PostgreSQL advisory lock).
+
 NUL characters: PostgreSQL refuses them in TEXT and JSONB, SQLite stores them. Requests carrying
 them are refused at the door (app.json_guard); whatever still reaches the store (a model's reply,
 a form field) has NUL removed on both backends alike, in the bound parameters and in JSON values."""
@@ -13,6 +17,7 @@ a form field) has NUL removed on both backends alike, in the bound parameters an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import sqlite3
@@ -25,6 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy import event, exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.pool import NullPool
 
 from app.errors import StoreUnavailable
 from app.memory.n8n_table import history_table
@@ -32,6 +38,10 @@ from app.memory.n8n_table import history_table
 log = logging.getLogger("chatloom.memory")
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+
+# the PostgreSQL advisory lock (a bigint, scoped to the database) that startup_lock() holds
+STARTUP_LOCK_KEY = 0x63686C6F6F6D  # "chloom"
+STARTUP_LOCK_WAIT_S = 300.0  # a replica gives up when another one migrates for longer than this
 
 
 def async_url(url: str) -> str:
@@ -129,6 +139,8 @@ class Database:
         n8n_history_table: str = "n8n_chat_histories",
         echo: bool = False,
         timeout_s: float = 10.0,
+        pool_size: int = 5,
+        max_overflow: int = 10,
     ):
         self.url = async_url(url)
         self.n8n_table_name = n8n_history_table
@@ -143,7 +155,9 @@ class Database:
         else:
             # asyncpg: `timeout` bounds connecting, `command_timeout` every statement
             connect_args = {"timeout": timeout_s, "command_timeout": timeout_s}
-            pool_args = {"pool_timeout": timeout_s}
+            # per process: N replicas hold up to N * (pool_size + max_overflow) server connections
+            pool_args = {"pool_timeout": timeout_s, "pool_size": pool_size, "max_overflow": max_overflow}
+        self._connect_args = connect_args
         self.engine: AsyncEngine = create_async_engine(
             self.url,
             echo=echo,
@@ -182,6 +196,56 @@ class Database:
         except Exception as error:
             return unavailable_reason(error) or f"{type(error).__name__}: {error}"
         return None
+
+    @asynccontextmanager
+    async def startup_lock(self, wait_s: float = STARTUP_LOCK_WAIT_S) -> AsyncIterator[None]:
+        """Held around migrating and seeding at startup, so that replicas starting together on one
+        PostgreSQL do not run Alembic (or insert the same assistants) at the same time: a
+        session-level advisory lock on a connection of its own, outside the pool, released when
+        the body ends (or by the server, should this process die). SQLite: nothing to hold, its
+        file is one host's and its writes are serialized already."""
+        if self.is_sqlite:
+            yield
+            return
+        lock_engine = create_async_engine(self.url, poolclass=NullPool, connect_args=self._connect_args)
+        try:
+            async with lock_engine.connect() as conn:
+                await self._acquire_startup_lock(conn, wait_s)
+                try:
+                    yield
+                finally:
+                    # a broken connection has dropped the lock already
+                    with contextlib.suppress(Exception):
+                        await conn.execute(
+                            sa.text("SELECT pg_advisory_unlock(:key)"), {"key": STARTUP_LOCK_KEY}
+                        )
+                        await conn.commit()
+        finally:
+            await lock_engine.dispose()
+
+    @staticmethod
+    async def _acquire_startup_lock(conn, wait_s: float) -> None:
+        # try-and-sleep instead of pg_advisory_lock(): every statement has command_timeout, and the
+        # wait stays bounded and visible in the log
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        waiting = False
+        while True:
+            got = await conn.scalar(sa.text("SELECT pg_try_advisory_lock(:key)"), {"key": STARTUP_LOCK_KEY})
+            await conn.commit()  # the session-level lock outlives the transaction: none is left open
+            if got:
+                if waiting:
+                    log.info("startup lock acquired")
+                return
+            if loop.time() > deadline:
+                raise RuntimeError(
+                    f"another process has held the startup lock (PostgreSQL advisory lock "
+                    f"{STARTUP_LOCK_KEY}) for over {wait_s:.0f} s: a replica stuck migrating? (see pg_locks)"
+                )
+            if not waiting:
+                log.info("another replica is migrating the conversation store; waiting for it")
+                waiting = True
+            await asyncio.sleep(0.25)
 
     async def migrate(self, revision: str = "head") -> None:
         """Alembic upgrade over this engine's own async connection (no second driver needed)."""

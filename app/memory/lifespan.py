@@ -1,5 +1,6 @@
 """Startup and shutdown of the conversation store, called from app.main's lifespan:
-migrate to head, seed assistants (`default` and the YAML file), open the webhook HTTP client."""
+migrate to head, seed assistants (`default` and the YAML file), open the webhook HTTP client.
+Migrating and seeding run under Database.startup_lock(): one replica at a time."""
 
 from __future__ import annotations
 
@@ -58,9 +59,14 @@ async def startup(app, settings) -> None:
         settings.database_url,
         settings.n8n_history_table,
         timeout_s=getattr(settings, "database_timeout_s", 10.0),
+        pool_size=getattr(settings, "database_pool_size", 5),
+        max_overflow=getattr(settings, "database_max_overflow", 10),
     )
-    await db.migrate()
-    await seed_assistants(db, getattr(settings, "assistants_file", None))
+    # replicas starting together on one PostgreSQL take turns: one migrates and seeds, the next
+    # finds the schema at head and the assistants in place
+    async with db.startup_lock():
+        await db.migrate()
+        await seed_assistants(db, getattr(settings, "assistants_file", None))
     app.state.db = db
     app.state.webhook_http = httpx.AsyncClient(follow_redirects=True)
     log.info("conversation store ready (%s)", db.engine.url.render_as_string(hide_password=True))
