@@ -1,4 +1,5 @@
-"""chatloom command line: `serve` (the HTTP API), `bench` (engine benchmarks), `chat` (a terminal chat)."""
+"""chatloom command line: `serve` (the HTTP API), `bench` (engine benchmarks), `chat` (a terminal chat),
+`batch` (a file of OpenAI Batch API requests, offline)."""
 
 from __future__ import annotations
 
@@ -125,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(sub)
     sub.add_parser("bench", help="engine benchmarks (see `chatloom bench --help`)", add_help=False)
     _chat_parser(sub)
+    from app.batch.cli import add_parser as _batch_parser
+
+    _batch_parser(sub)
     return parser
 
 
@@ -225,6 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         return serve(args)
     if args.command == "chat":
         return asyncio.run(_chat(args))
+    if args.command == "batch":
+        from app.batch.cli import run as run_batch
+
+        return run_batch(args)
     return 2
 
 
