@@ -404,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kill-seconds", type=float, default=15)
     ap.add_argument("--outage-seconds", type=float, default=10)
     ap.add_argument("--skip-postgres", action="store_true")
+    ap.add_argument("--rss-limit-gib", type=float, default=2.0, help="the load server is killed past it")
     ap.add_argument("--quick", action="store_true", help="a short run: 16 streams x 30 s, 300 hostile")
     args = ap.parse_args(argv)
     if args.quick:
@@ -419,9 +420,21 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict[str, object] = {"model": args.model, "workdir": str(workdir)}
     ok = True
     t_start = time.monotonic()
-    try:
+    rss_limit = int(args.rss_limit_gib * (1 << 30))
+
+    def phase(name: str, fn) -> None:
+        nonlocal ok
+        try:
+            ok &= bool(fn())
+        except Exception as exc:  # report it and go on with the next phase
+            figures[name + "_aborted"] = f"{type(exc).__name__}: {exc}"
+            ok = False
+
+    def load_phase() -> bool:
         log(f"load: {args.streams} streams x {args.stream_seconds:.0f} s beside {args.hostile} hostile ones")
-        srv = Server(model, workdir / "load").start()
+        srv = Server(model, workdir / "load", rss_limit=rss_limit)
+        figures["load_server"] = srv
+        srv.start()
         try:
             with httpx.Client(base_url=srv.url, headers=srv.headers, timeout=60) as client:
                 prepare(client)
@@ -454,36 +467,40 @@ def main(argv: list[str] | None = None) -> int:
                 "kv_blocks_used_before": baseline,
                 "kv_blocks_used_after": after,
             }
-            ok &= five == 0 and not bad and not load.errors and after == baseline
+            good = five == 0 and not bad and not load.errors and after == baseline
             figures["cross_principal"] = cross = cross_principal(srv)
-            ok &= cross.get("reads_leaked", 0) == 0 and cross.get("writes_leaked", 0) == 0
+            good &= cross.get("reads_leaked", 0) == 0 and cross.get("writes_leaked", 0) == 0
             figures["ssrf"] = s = ssrf(srv)
-            ok &= s["reached_private"] == 0
-            figures["server_peak_rss_mib"] = srv.peak_rss >> 20
-            ok &= not srv.killed_for_memory
+            return good and s["reached_private"] == 0
         finally:
             srv.stop()
-        log("kill -9 under load: SQLite")
-        sqlite_url = f"sqlite:///{workdir / 'kill' / 'chatloom.db'}"
-        figures["kill9_sqlite"] = k = kill9(
-            model, workdir / "kill", sqlite_url, "kill-sqlite", args.kill_seconds
-        )
-        ok &= k["lost"] == 0 and k["acknowledged"] > 0
-        if not args.skip_postgres:
-            with pg_database() as url:
-                log("kill -9 under load: PostgreSQL")
-                figures["kill9_postgres"] = k = kill9(
-                    model, workdir / "pg", url, "kill-pg", args.kill_seconds
-                )
-                ok &= k["lost"] == 0 and k["acknowledged"] > 0
-                log(f"PostgreSQL outage of {args.outage_seconds:.0f} s")
-                figures["pg_outage"] = o = pg_outage(model, workdir / "pg", url, args.outage_seconds)
-                ok &= o["lost"] == 0 and not any(
-                    int(s) >= 500 and int(s) != 503 for s in o["statuses_during_outage"]
-                )
-    except Exception as exc:  # report what was measured so far
-        figures["aborted"] = f"{type(exc).__name__}: {exc}"
-        ok = False
+
+    def kill_phase(name: str, url: str, folder: str) -> bool:
+        figures[name] = k = kill9(model, workdir / folder, url, name, args.kill_seconds)
+        return k["lost"] == 0 and k["acknowledged"] > 0
+
+    def outage_phase(url: str) -> bool:
+        log(f"PostgreSQL outage of {args.outage_seconds:.0f} s")
+        figures["pg_outage"] = o = pg_outage(model, workdir / "pg", url, args.outage_seconds)
+        bad = [s for s in o["statuses_during_outage"] if int(s) >= 500 and int(s) != 503]
+        return o["lost"] == 0 and not bad
+
+    phase("load", load_phase)
+    srv = figures.pop("load_server", None)
+    if isinstance(srv, Server):
+        figures["load_server_peak_mib"] = srv.peak_rss >> 20
+        figures["load_server_killed_for_memory"] = srv.killed_for_memory
+        ok &= not srv.killed_for_memory
+    log("kill -9 under load: SQLite")
+    phase(
+        "kill9_sqlite",
+        lambda: kill_phase("kill9_sqlite", f"sqlite:///{workdir / 'kill' / 'chatloom.db'}", "kill"),
+    )
+    if not args.skip_postgres:
+        with pg_database() as url:
+            log("kill -9 under load: PostgreSQL")
+            phase("kill9_postgres", lambda: kill_phase("kill9_postgres", url, "pg"))
+            phase("pg_outage", lambda: outage_phase(url))
     figures["seconds"] = round(time.monotonic() - t_start)
     figures["ok"] = bool(ok)
     print(json.dumps(figures, indent=2))
