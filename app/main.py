@@ -25,7 +25,7 @@ from app.settings import Settings
 log = logging.getLogger("chatloom")
 
 # routers of other surfaces, included when their module exists (issue 5 lands them)
-_OPTIONAL_ROUTERS = ("app.api.n8n", "app.api.sessions", "app.api.assistants", "app.api.ui")
+_OPTIONAL_ROUTERS = ("app.api.n8n", "app.api.sessions", "app.api.assistants", "app.api.ui", "app.batch.api")
 
 
 def _optional_module(name: str) -> Any | None:
@@ -86,9 +86,17 @@ async def lifespan(app: FastAPI):
     memory = _optional_module("app.memory.lifespan")
     if memory is not None:
         await _maybe_await(memory.startup(app, settings))
+    # the Batch API's worker (app.batch.worker) runs unfinished batches once the engine is up
+    batch_worker = None
+    if getattr(app.state, "db", None) is not None:
+        from app.batch.worker import start as start_batch_worker
+
+        batch_worker = start_batch_worker(app)
     try:
         yield
     finally:
+        if batch_worker is not None:
+            await batch_worker.stop()
         if memory is not None:
             await _maybe_await(memory.shutdown(app))
         if loader is not None and not loader.done():

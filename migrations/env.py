@@ -14,6 +14,7 @@ import os
 from alembic import context
 from sqlalchemy.ext.asyncio import create_async_engine
 
+import app.memory.batch_models  # noqa: F401  (the Batch API tables join Base.metadata)
 from app.memory.db import async_url, ensure_sqlite_dir
 from app.memory.models import Base
 
