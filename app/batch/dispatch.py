@@ -17,7 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from app.admission import Admission
 from app.chat.serving import Serving
@@ -116,7 +116,7 @@ async def answer(serving: Serving, url: str, body: dict[str, Any]) -> tuple[int,
     from app.schemas.completions import CompletionRequest
     from app.schemas.responses import ResponsesRequest
 
-    routes = {
+    routes: dict[str, tuple[type[BaseModel], Any]] = {
         "/v1/chat/completions": (ChatCompletionRequest, openai.chat_completions),
         "/v1/completions": (CompletionRequest, openai.completions),
         "/v1/responses": (ResponsesRequest, responses.create_response),

@@ -30,7 +30,7 @@ def file_object(row: BatchFile) -> dict[str, Any]:
     return {
         "id": row.id,
         "object": "file",
-        "bytes": row.bytes,
+        "bytes": row.size,
         "created_at": epoch(row.created_at),
         "filename": row.filename,
         "purpose": row.purpose,
@@ -71,7 +71,7 @@ async def add_file(s: AsyncSession, owner: str, purpose: str, filename: str, con
         owner=owner,
         purpose=purpose,
         filename=filename,
-        bytes=len(content),
+        size=len(content),
         content=content,
         created_at=utcnow(),
     )

@@ -141,17 +141,27 @@ class BatchWorker:
             async with db.session() as s:
                 await store.add_result(s, batch_id, line.key, line.number, ok, dumps(item))
 
-        work = asyncio.gather(*(one(line) for line in todo))
-        while True:
-            finished, _ = await asyncio.wait({work}, timeout=CANCEL_POLL_S)
-            if finished:
-                work.result()
-                return False
-            if await self._status(db, batch_id) == "cancelling":
+        async def every_line() -> None:
+            # a TaskGroup: one line that fails (the store went down) stops the others, and the
+            # next attempt starts from what was stored
+            async with asyncio.TaskGroup() as group:
+                for line in todo:
+                    group.create_task(one(line))
+
+        work = asyncio.ensure_future(every_line())
+        try:
+            while True:
+                finished, _ = await asyncio.wait({work}, timeout=CANCEL_POLL_S)
+                if finished:
+                    work.result()
+                    return False
+                if await self._status(db, batch_id) == "cancelling":
+                    return True
+        finally:  # cancelled, stopped (server shutdown) or failed: nothing keeps running
+            if not work.done():
                 work.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await work
-                return True
 
     async def finalize(self, db: Any, batch_id: str, cancelled: bool) -> None:
         if not cancelled:

@@ -24,7 +24,7 @@ class BatchFile(Base):
     owner: Mapped[str] = mapped_column(sa.String(128), index=True)  # app.principal id
     purpose: Mapped[str] = mapped_column(sa.String(32))
     filename: Mapped[str] = mapped_column(sa.String(255))
-    bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    size: Mapped[int] = mapped_column("bytes", sa.BigInteger)
     content: Mapped[bytes] = mapped_column(sa.LargeBinary)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
