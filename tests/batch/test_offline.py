@@ -125,6 +125,7 @@ async def test_resume_from_a_partial_output(serving, tmp_path):
     assert ids == Counter(f"req-{i}" for i in range(12))
 
 
+@pytest.mark.slow  # a subprocess or a second server start: about 20 s
 async def test_kill_9_half_way_then_resume(serving, tiny_qwen3, tmp_path):
     n = 120
     src = write_input(tmp_path / "in.jsonl", n, max_tokens=8)

@@ -149,6 +149,7 @@ def test_cancel(tiny_qwen3, tmp_path):
         gen.close()
 
 
+@pytest.mark.slow  # a subprocess or a second server start: about 20 s
 def test_restart_mid_batch_resumes(tiny_qwen3, tmp_path):
     path = tmp_path / "db.sqlite"
     n = 60
