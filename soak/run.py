@@ -109,18 +109,48 @@ class StreamLoad:
         return threads
 
 
-def hostile_load(server: Server, total: int, width: int = 4) -> tuple[int, Counter, list[str]]:
+# cases that generate or build a grammar (seconds each on two cores): sent one round in COSTLY_EVERY,
+# so that thousands of hostile requests fit beside the streams; every case still runs many times
+COSTLY = {
+    "min_length_1e6",
+    "min_items_1e5",
+    "pattern_a_1e6",
+    "arrays_nested_20",
+    "tool_pattern_catastrophic_auto",
+    "tool_pattern_catastrophic_auto_stream",
+    "top_k_vocab_plus_1",
+    "list_content_session",
+    "prompt_1mb",
+}
+COSTLY_EVERY = 4
+
+
+def hostile_order(total: int) -> list:
+    order: list = []
+    rnd = 0
+    while len(order) < total:
+        order += [c for c in CASES if c.name not in COSTLY or rnd % COSTLY_EVERY == 0]
+        rnd += 1
+    return order[:total]
+
+
+def hostile_load(
+    server: Server, total: int, seconds: float, width: int = 4
+) -> tuple[int, Counter, list[str]]:
+    """total hostile requests from `width` threads, or as many as fit in `seconds`."""
     sent, statuses, bad = 0, Counter(), []
     lock = threading.Lock()
+    order = hostile_order(total)
+    deadline = time.monotonic() + seconds
 
     def worker() -> None:
         nonlocal sent
         with httpx.Client(base_url=server.url, headers=server.headers, timeout=300) as client:
             while True:
                 with lock:
-                    if sent >= total:
+                    if sent >= total or time.monotonic() > deadline:
                         return
-                    case = CASES[sent % len(CASES)]
+                    case = order[sent]
                     sent += 1
                 try:
                     status, text = send(client, case)
@@ -401,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--streams", type=int, default=64)
     ap.add_argument("--stream-seconds", type=float, default=300)
     ap.add_argument("--hostile", type=int, default=5000)
+    ap.add_argument(
+        "--hostile-extra-seconds", type=float, default=120, help="time for hostile requests past the streams"
+    )
     ap.add_argument("--kill-seconds", type=float, default=15)
     ap.add_argument("--outage-seconds", type=float, default=10)
     ap.add_argument("--skip-postgres", action="store_true")
@@ -441,7 +474,9 @@ def main(argv: list[str] | None = None) -> int:
             baseline = kv_used(srv)
             load = StreamLoad(srv, args.streams, args.stream_seconds)
             threads = load.run()
-            sent, statuses, bad = hostile_load(srv, args.hostile)
+            sent, statuses, bad = hostile_load(
+                srv, args.hostile, args.stream_seconds + args.hostile_extra_seconds
+            )
             for t in threads:
                 t.join(args.stream_seconds + 300)
             deadline = time.monotonic() + 60
