@@ -66,6 +66,11 @@ class Settings(BaseSettings):
     database_url: str = "sqlite:///./data/chatloom.db"
     # longest wait on the store: connecting, one statement, a pooled connection, SQLite's lock
     database_timeout_s: float = Field(default=10.0, gt=0)
+    # PostgreSQL connections this process keeps open (pool) and may open beyond them at peaks
+    # (overflow): N replicas on one server hold up to N x (pool + overflow), which must stay under
+    # its max_connections (100 by default) with room for everything else that connects
+    database_pool_size: int = Field(default=5, ge=1)
+    database_max_overflow: int = Field(default=10, ge=0)
     n8n_history_table: str = "n8n_chat_histories"
     assistants_file: Path | None = None
 

@@ -94,3 +94,21 @@ async def test_sqlite_needs_no_lock(tmp_path):
             await db.migrate()
     finally:
         await db.dispose()
+
+
+async def test_the_pool_is_sized_per_replica_from_settings(pg_url, monkeypatch):
+    from types import SimpleNamespace
+
+    from app.memory.lifespan import shutdown, startup
+    from app.settings import Settings
+
+    monkeypatch.setenv("CHATLOOM_DATABASE_POOL_SIZE", "3")
+    monkeypatch.setenv("CHATLOOM_DATABASE_MAX_OVERFLOW", "1")
+    settings = Settings(database_url=pg_url)
+    app = SimpleNamespace(state=SimpleNamespace())
+    try:
+        await startup(app, settings)
+        pool = app.state.db.engine.pool
+        assert (pool.size(), pool._max_overflow) == (3, 1)
+    finally:
+        await shutdown(app)
