@@ -457,11 +457,15 @@ def main(argv: list[str] | None = None) -> int:
 
     def phase(name: str, fn) -> None:
         nonlocal ok
+        seen = set(figures)
         try:
             ok &= bool(fn())
         except Exception as exc:  # report it and go on with the next phase
             figures[name + "_aborted"] = f"{type(exc).__name__}: {exc}"
             ok = False
+        # each phase's figures as soon as it ends: a run cut short still shows what it measured
+        new = {k: v for k, v in figures.items() if k not in seen and not isinstance(v, Server)}
+        log(f"{name}: {json.dumps(new)}")
 
     def load_phase() -> bool:
         log(f"load: {args.streams} streams x {args.stream_seconds:.0f} s beside {args.hostile} hostile ones")
