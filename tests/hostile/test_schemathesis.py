@@ -45,7 +45,8 @@ def test_no_generated_request_gets_a_5xx(server, client):
             calls += 1
             response = case.call(base_url=server.url, headers=server.headers, timeout=120)
             if response.status_code >= 500:
-                failures.append(f"{op.method.upper()} {op.path}: {response.status_code} {response.text[:200]}")
+                where = f"{case.method.upper()} {case.formatted_path}"
+                failures.append(f"{where}: {response.status_code} {response.text[:200]}")
 
         check()
         assert server.alive, f"the server died:\n{server.log_tail()}"
