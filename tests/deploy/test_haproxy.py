@@ -39,7 +39,6 @@ from tests.deploy.haproxy import HAProxy
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
 SESSIONS = int(os.environ.get("CHATLOOM_DEPLOY_SESSIONS", "40"))
 WORKERS = 16  # sessions in flight at once (a replica batches what it is sent together)
 MAX_TOKENS = 4  # per reply: the test is about routing and memory, not generation
