@@ -188,9 +188,11 @@ def bench_c1(args) -> dict:
     prompts, outs = c1_workload()
     assert sum(outs) == 1167 and max(outs) == 127, "C1 recipe checksum mismatch"
     with tempfile.TemporaryDirectory() as tmp:
-        path = _checkpoint({**BENCH_SHAPE}, 8192, Path(tmp), dummy=False)
+        model = getattr(args, "model", None)  # a checkpoint folder or .gguf file in place of the random one
+        path = model or _checkpoint({**BENCH_SHAPE}, 8192, Path(tmp), dummy=False)
         t0 = time.perf_counter()
         llm = LLM(path, device="cpu", dtype="float32", num_threads=args.threads)
+        path = Path(llm.config.model)  # a .gguf file's converted folder, which the HF peer loads too
         print(f"engine start-up: {time.perf_counter() - t0:.2f} s")
         llm.generate(warmup_like(prompts), [_params(min(n, 8), 0.0) for n in outs])
         dt, produced = _time_engine(llm, prompts, outs, 0.0, "chatloom C1")
@@ -390,6 +392,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", required=True, choices=sorted(WORKLOADS), help="which workload")
     p.add_argument("--peer", choices=["none", "hf"], default="none", help="also run HF transformers generate")
     p.add_argument("--threads", type=int, default=2, help="CPU threads for both sides (CPU workloads)")
+    p.add_argument(
+        "--model",
+        metavar="DIR_OR_GGUF",
+        help="C1: this checkpoint folder or .gguf file instead of the random benchmark model",
+    )
     p.add_argument("--eager", action="store_true", help="GPU: no CUDA graphs")
     p.add_argument(
         "--launch-after",
