@@ -17,11 +17,14 @@ import pytest
 from soak.server import free_port
 from tests.deploy.haproxy import HAProxy
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("haproxy") is None,
-    reason="haproxy is not installed: `apt-get install haproxy` (Debian's package; .ci/run installs it "
-    "where it can) to test the HAProxy configuration",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which("haproxy") is None,
+        reason="haproxy is not installed: `apt-get install haproxy` (Debian's package; .ci/run installs "
+        "it where it can) to test the HAProxy configuration",
+    ),
+    pytest.mark.slow,  # about 20 s, most of it waiting for health checks to mark a replica down and up
+]
 
 
 class Stub(ThreadingHTTPServer):

@@ -42,6 +42,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.slow  # four processes import the app first (about 15 s)
 def test_replicas_starting_together_migrate_and_seed_once(pg_url, tmp_path):
     assistants = tmp_path / "assistants.yaml"
     assistants.write_text("- id: support\n  name: Support\n  system_prompt: Be brief.\n")
