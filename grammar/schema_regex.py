@@ -24,7 +24,9 @@ WS = ""
 
 
 def _layout(regex: str) -> str:
-    return regex.replace("[eE][+-][0-9]+", "[eE][+-]?[0-9]+")  # llguidance also writes 1E5
+    # llguidance's JSON also writes 1E5, and U+007F..U+009F inside strings (JSON allows them)
+    regex = regex.replace("[eE][+-][0-9]+", "[eE][+-]?[0-9]+")
+    return regex.replace(r'[^"\\\x00-\x1F\x7F-\x9F]', r'[^"\\\x00-\x1F]')
 
 
 _SENTINEL = "__chatloom_range_{}__"
