@@ -66,6 +66,11 @@ def _serve_parser(sub: Any) -> None:
         "--cors-origin", action="append", dest="cors_origins", help="allowed browser origin (repeat)"
     )
     p.add_argument("--log-level", help="debug | info | warning | error")
+    p.add_argument(
+        "--tool-call-format",
+        choices=["auto", "hermes", "llama3_json", "mistral", "generic"],
+        help="how the model writes tool calls (default auto: from its chat template)",
+    )
 
 
 def _json_object(text: str) -> dict:
@@ -159,6 +164,7 @@ def settings_from_args(args: argparse.Namespace):
         "database_url",
         "cors_origins",
         "log_level",
+        "tool_call_format",
         *_ENGINE_FLAGS,
     )
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}

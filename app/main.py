@@ -57,6 +57,8 @@ def build_engine(settings: Settings) -> Any:
 
 async def attach_engine(app: FastAPI, engine: Any) -> None:
     await _maybe_await(engine.start())
+    # the dialect choice travels with the tokenizer to every renderer, parser and grammar
+    engine.tokenizer.tool_call_format = app.state.settings.tool_call_format
     app.state.serving = Serving(engine, app.state.settings, app.state.metrics)
     app.state.engine = engine  # last: /health turns 200 once everything is in place
     log.info("serving %s (context %d tokens)", app.state.serving.served_name, engine.max_model_len)

@@ -25,6 +25,8 @@ class Settings(BaseSettings):
     max_num_seqs: int = 256
     enforce_eager: bool = False
     seed: int = 0
+    # tool-call dialect: auto (from the chat template), hermes, llama3_json, mistral or generic
+    tool_call_format: Literal["auto", "hermes", "llama3_json", "mistral", "generic"] = "auto"
     # the rest of EngineConfig's knobs, same names (engine/config.py says what each does); None: the
     # engine's default. Every EngineConfig field but `model` is a field here (tests/app/test_engine_settings)
     block_size: int | None = None
