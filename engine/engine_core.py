@@ -427,7 +427,7 @@ class EngineCore:
             elif (p.max_tokens is not None and n_out >= p.max_tokens) or pos + 1 >= self.max_model_len:
                 reason = "length"
         if reason is not None:
-            if reason == "length":
+            if not isinstance(seq.stop_reason, str):  # text held back (a byte run) ends with the output
                 seq.detok.flush()
             del seq.token_ids[pos + 1 :]  # a token sampled after the stop is dropped
             seq.finish_reason = reason

@@ -153,7 +153,11 @@ def test_two_hundred_tool_requests_all_valid(family_server):
         if body["parallel_tool_calls"] is False:
             assert len(calls) <= 1
         for call in calls:
-            jsonschema.validate(json.loads(call["arguments"]), schemas[call["name"]])
+            try:
+                args = json.loads(call["arguments"])
+            except json.JSONDecodeError as e:
+                raise AssertionError(f"{family}: {call} in {body['stream']=} {finish=} {_content=}") from e
+            jsonschema.validate(args, schemas[call["name"]])
             calls_seen += 1
     finished = sum(r[2][1] != "length" for r in results)
     assert finished >= REQUESTS * 0.9, f"{family}: only {finished} of {REQUESTS} requests finished"
