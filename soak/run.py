@@ -266,11 +266,20 @@ def ssrf(server: Server) -> dict[str, int]:
                     continue
                 for anonymous in (False, True):
                     headers = {"Authorization": ""} if anonymous else {}
-                    client.post(
-                        f"/webhook/{aid}/chat",
-                        json={"action": "sendMessage", "sessionId": f"ssrf-{i}", "chatInput": "look it up"},
-                        headers=headers,
-                    )
+                    try:
+                        client.post(
+                            f"/webhook/{aid}/chat",
+                            json={
+                                "action": "sendMessage",
+                                "sessionId": f"ssrf-{i}",
+                                "chatInput": "look it up",
+                            },
+                            headers=headers,
+                            timeout=60,
+                        )
+                    except httpx.TimeoutException:
+                        # a forced tool whose every call is refused keeps the turn going: not a leak
+                        figures["turns_timed_out"] += 1
     finally:
         httpd.shutdown()
     figures["reached_private"] = len(_Listener.hits)
