@@ -357,8 +357,12 @@ def smollm2(module_cache):
     path = gguf_mod.embedded_gguf()
     if path is None:
         pytest.skip(f"the embedded default model is not installed ({gguf_mod.INSTALL_HINT})")
-    llm = LLM(str(path), device="cpu", dtype="float32", num_threads=2)
-    return path, llm
+    threads = torch.get_num_threads()
+    # one thread, as for transformers below: where other processes share the cores, two OpenMP threads
+    # spinning against them cost several times the wall time of one
+    llm = LLM(str(path), device="cpu", dtype="float32", num_threads=1)
+    yield path, llm
+    torch.set_num_threads(threads)  # the engine set it process-wide
 
 
 def chat_prompts(tokenizer) -> list[list[int]]:
