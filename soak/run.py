@@ -441,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stream-seconds", type=float, default=300)
     ap.add_argument("--hostile", type=int, default=5000)
     ap.add_argument(
-        "--hostile-extra-seconds", type=float, default=120, help="time for hostile requests past the streams"
+        "--hostile-extra-seconds", type=float, default=300, help="time for hostile requests past the streams"
     )
     ap.add_argument("--kill-seconds", type=float, default=15)
     ap.add_argument("--outage-seconds", type=float, default=10)
