@@ -100,6 +100,9 @@ def _params_without_nul(conn, cursor, statement, parameters, context, executeman
 
 # SQLite's OperationalError also reports bugs (no such table); these messages are the store's state
 _SQLITE_UNAVAILABLE = ("locked", "busy", "unable to open", "disk i/o", "readonly", "disk is full")
+# SQLSTATEs of a server that cannot serve now: admin/crash shutdown, cannot connect now, too many
+# connections (class 08, connection exceptions, is taken whole)
+_PG_UNAVAILABLE = ("57P01", "57P02", "57P03", "53300")
 
 
 def unavailable_reason(error: BaseException) -> str | None:
@@ -110,6 +113,10 @@ def unavailable_reason(error: BaseException) -> str | None:
             text = str(orig).lower()
             return str(orig) if any(part in text for part in _SQLITE_UNAVAILABLE) else None
         if error.connection_invalidated or isinstance(error, exc.OperationalError | exc.InterfaceError):
+            return f"{type(orig or error).__name__}: {orig or error}"
+        # PostgreSQL shutting down, starting up or out of connections, however the driver wraps it
+        state = getattr(orig, "sqlstate", None) or getattr(getattr(orig, "__cause__", None), "sqlstate", None)
+        if isinstance(state, str) and (state.startswith("08") or state in _PG_UNAVAILABLE):
             return f"{type(orig or error).__name__}: {orig or error}"
         return None
     if isinstance(error, exc.TimeoutError):  # no pooled connection came free in time
