@@ -132,16 +132,12 @@ def run_g1(
     temperature: float = 0.6,
     repeats: int = 3,
     around: Callable[[str], AbstractContextManager] | None = None,
-    backend: str | None = None,
     tools_path: str | Path = G1_TOOLS,
     out: Callable[[str], None] = print,
 ) -> dict:
     # imported here: the workload's data (g1_tools, g1_prompts) stays importable on its own
     from engine.sampling_params import SamplingParams
     from grammar.api import build_constraint
-
-    if backend not in (None, "llguidance"):
-        raise ValueError(f"grammar backend {backend!r}: llguidance is the one grammar library")
 
     tools = json.loads(Path(tools_path).read_text())["tools"]
     prompts = g1_prompts(n_requests, prompt_len)

@@ -335,7 +335,7 @@ def bench_g1(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         llm = _real_vocab_llm(args, Path(tmp))
         around = (lambda label: _observed(llm, label)) if PROFILE or TIMELINE else None
-        return run_g1(llm, backend=args.grammar_backend, around=around)
+        return run_g1(llm, around=around)
 
 
 @contextlib.contextmanager
@@ -434,7 +434,6 @@ def build_parser() -> argparse.ArgumentParser:
         "EngineConfig's)",
     )
     p.add_argument("--repeats", type=int, default=3, help="M1: timed repetitions (best is reported)")
-    p.add_argument("--grammar-backend", default=None, help="G1: llguidance, xgrammar or outlines")
     p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     p.add_argument("--profile", action="store_true", help="print where the timed run spends its time")
     p.add_argument("--trace", metavar="FILE", help="also write the Chrome trace to FILE (turns --profile on)")

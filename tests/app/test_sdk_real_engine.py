@@ -188,16 +188,6 @@ WEATHER = {
 }
 
 
-def _grammar_available() -> bool:
-    from app.chat.constraints import grammar_api
-
-    return grammar_api() is not None
-
-
-needs_grammar = pytest.mark.skipif(not _grammar_available(), reason="grammar.api not present")
-
-
-@needs_grammar
 def test_required_tool_call_from_the_random_model(client):
     """The grammar makes the random model write a valid call; the parser turns it into tool_calls."""
     resp = client.chat.completions.create(
@@ -212,7 +202,6 @@ def test_required_tool_call_from_the_random_model(client):
         assert set(args) == ({"input"} if call.function.name == "Calculator" else {"city"})
 
 
-@needs_grammar
 def test_named_tool_call_streams_like_non_streaming(real_server):
     body = {
         "messages": MSGS,
@@ -233,7 +222,6 @@ def test_named_tool_call_streams_like_non_streaming(real_server):
     assert json.loads(streamed["arguments"]) == json.loads(call["function"]["arguments"])
 
 
-@needs_grammar
 def test_responses_required_function_call(client):
     tool = {
         "type": "function",
@@ -256,7 +244,6 @@ def test_responses_required_function_call(client):
     assert done and args == "".join(d.arguments for d in done)
 
 
-@needs_grammar
 def test_json_schema_response_format(client):
     schema = {
         "type": "object",
@@ -295,7 +282,6 @@ def test_disconnect_frees_the_engine(real_server):
     assert generated() - before < 900  # stopped early, not run to max_tokens
 
 
-@needs_grammar
 def test_sdk_helpers_parse_and_stream(client):
     """The SDK's own accumulating helpers: structured output parse, and the chat stream manager."""
     from pydantic import BaseModel, Field
@@ -316,7 +302,6 @@ def test_sdk_helpers_parse_and_stream(client):
     assert call.function.name == "Calculator" and set(json.loads(call.function.arguments)) == {"input"}
 
 
-@needs_grammar
 def test_sdk_responses_stream_helper(client):
     """The SDK's Responses stream manager rebuilds the response from our events."""
     tool = {
