@@ -99,8 +99,9 @@ class EngineCore:
         self._inflight: _InFlight | None = None
         # (batch, logits, sampling) of a step whose forward the previous step launched (launch_ahead)
         self._ahead: tuple | None = None
-        # requests whose state the current step touches (None: while scheduling, when any may be)
-        self._touched: set[str] | None = set()
+        # the sequence lists the current step touches, kept by reference and turned into request ids
+        # only when a step fails (None: while scheduling, when any request may be half-updated)
+        self._touched: list[list[Sequence]] | None = []
         self._failed: list[StepOutput] = []  # sequences that failed alone this step, to report
         self.startup_seconds = time.perf_counter() - t0
         log.info(
@@ -186,9 +187,9 @@ class EngineCore:
         step had touched (their state may be half-updated) and return their ids; requests that were
         only waiting, or running but not in the step, go on. While the scheduler itself was running
         any request may be half-updated, so all are ended then."""
-        touched = self._touched
-        if touched is None:
+        if self._touched is None:
             return self.abort_all()
+        touched = {s.request_id for seqs in self._touched for s in seqs}
         # a token placeholder left by the dropped in-flight step marks a touched request too
         touched |= {rid for rid, seqs in self.requests.items() if any(PENDING in s.token_ids for s in seqs)}
         ids = [rid for rid in touched if rid in self.requests]
@@ -196,7 +197,7 @@ class EngineCore:
             self.abort(rid)
         self._inflight = None
         self._ahead = None
-        self._touched = set()
+        self._touched = []
         return ids
 
     def fail_sequence(self, seq: Sequence, message: str | None = None) -> None:
@@ -213,9 +214,11 @@ class EngineCore:
         if all(s.is_finished for s in self.requests.get(seq.request_id, [])):
             self.requests.pop(seq.request_id, None)
 
-    def _end_failed(self, seqs: list[Sequence]) -> None:
-        for seq in seqs:
-            if seq.error is not None and not seq.is_finished:
+    def _end_failed(self) -> None:
+        """End the sequences the sampler marked failed (none in a step where nothing failed)."""
+        failed, self.sampler.failed = self.sampler.failed, []
+        for seq in failed:
+            if not seq.is_finished:
                 self.fail_sequence(seq)
 
     def has_unfinished(self) -> bool:
@@ -241,7 +244,7 @@ class EngineCore:
     def step(self) -> list[StepOutput]:
         """One engine step (see _step); sequences that failed alone in it (their sampling, grammar
         mask or detokenization raised) end with finish_reason "error" while the others go on."""
-        self._touched = set()
+        self._touched = []
         outputs = self._step()
         return outputs + self.take_failed()
 
@@ -272,7 +275,7 @@ class EngineCore:
         else:
             self._touched = None  # a failing schedule() may leave any request half-updated
             batch = self.scheduler.schedule()
-            self._touched = set()
+            self._touched = []
             if prev is not None:
                 self._touch(prev.seqs)
             self._touch(batch.seqs)
@@ -309,7 +312,7 @@ class EngineCore:
 
     def _touch(self, seqs: list[Sequence]) -> None:
         if self._touched is not None:
-            self._touched.update(s.request_id for s in seqs)
+            self._touched.append(seqs)
 
     def _begin(self, batch) -> None:
         self.num_steps += 1
@@ -328,7 +331,7 @@ class EngineCore:
         top = [None if s.is_finished else s.params.logprobs for s in seqs]
         raw = logits.clone() if any(t is not None for t in top) else None
         logits = self.sampler.process(logits, seqs)  # masks from the counts before this step's token
-        self._end_failed(seqs)  # rows whose own edits or grammar mask failed: no token is kept
+        self._end_failed()  # rows whose own edits or grammar mask failed: no token is kept
         positions = self._reserve(seqs)
         nxt = step = None
         if ahead_of is not None:
@@ -341,7 +344,7 @@ class EngineCore:
                 self._begin(nxt)
                 step = self.runner.prepare(nxt, defer_pending=True)
         token_ids = self.sampler.sample(logits, seqs, self.runner.static_logits(logits))
-        self._end_failed(seqs)  # rows that could not be sampled alone: their placeholder is dropped
+        self._end_failed()  # rows that could not be sampled alone: their placeholder is dropped
         launched = self._launched(seqs, positions, token_ids, raw, top)
         if step is not None:
             self._ahead = (nxt, *self.runner.run(nxt, step, pending=token_ids))

@@ -49,6 +49,8 @@ class Sampler:
             words = (vocab_size + 31) // 32
             self.device_masks = DeviceMasks(words, max_rows, max(mask_cache_rows, 2 * max_rows), device)
         self._deferred: torch.Tensor | None = None  # (batch,) int32 table row per logits row
+        # sequences that failed alone in process() or sample(); EngineCore ends them and empties it
+        self.failed: list[Sequence] = []
         # CUDA: the fused sampler replayed from graphs when the logits are a decode graph's output
         self.graphs = None
         if graphs and device.type == "cuda" and max_rows:
@@ -96,7 +98,7 @@ class Sampler:
                 for proc in p.logits_processors:
                     logits[i] = proc(seq.output_token_ids, logits[i])
             except Exception as exc:  # this row's own edits: it fails alone, its token is dropped
-                fail_sequence(seq, "processing its logits", exc)
+                fail_sequence(seq, "processing its logits", exc, self.failed)
                 continue
             c = seq.constraint
             if c is not None:
@@ -108,7 +110,7 @@ class Sampler:
             bitmask = self._bitmask_for(len(seqs))
             bitmask.fill_(-1)
             for fill, rows in fills.items():
-                _fill_rows(fill, bitmask, rows, owners)
+                _fill_rows(fill, bitmask, rows, owners, self.failed)
             ops.apply_token_bitmask_(logits, bitmask.to(logits.device, non_blocking=True))
         return logits
 
@@ -144,9 +146,11 @@ class Sampler:
         if computed:
             staging.fill_(-1)
             for fill, items in todo.items():
-                _fill_rows(fill, staging, items, owners)
+                _fill_rows(fill, staging, items, owners, self.failed)
         # a row is cached only if it still has its key once computed (its matcher did not fail)
-        keep = [(local, key) for local, key, c, budget in keys if _same_key(c, budget, key, owners)]
+        keep = [
+            (local, key) for local, key, c, budget in keys if _same_key(c, budget, key, owners, self.failed)
+        ]
         return dm.upload(rows, computed, keep)
 
     def _temps_for(self, seqs: list[Sequence]) -> torch.Tensor:
@@ -196,7 +200,7 @@ class Sampler:
             except Exception as exc:
                 self._deferred = None
                 failed += 1
-                fail_sequence(seq, "sampling", exc)
+                fail_sequence(seq, "sampling", exc, self.failed)
                 tokens.append(torch.zeros(1, dtype=torch.long, device=logits.device))
         if failed == len(seqs):
             raise error
@@ -236,15 +240,19 @@ class Sampler:
         return sampled
 
 
-def fail_sequence(seq: Sequence, stage: str, exc: BaseException) -> None:
-    """Mark one sequence failed (the engine ends it with finish_reason "error" after this step's
-    sampling); its message names what failed and is what its client sees."""
+def fail_sequence(seq: Sequence, stage: str, exc: BaseException, failed: list[Sequence]) -> None:
+    """Mark one sequence failed and add it to `failed` (Sampler.failed: the engine ends those with
+    finish_reason "error" after this step's sampling); its message names what failed and is what
+    its client sees."""
     if seq.error is None:
         log.warning("request %s (sample %d) failed while %s: %r", seq.request_id, seq.index, stage, exc)
         seq.error = f"failed while {stage}: {type(exc).__name__}: {exc}"
+        failed.append(seq)
 
 
-def _fill_rows(fill, bitmask: torch.Tensor, rows: list, owners: dict[int, Sequence]) -> None:
+def _fill_rows(
+    fill, bitmask: torch.Tensor, rows: list, owners: dict[int, Sequence], failed: list[Sequence]
+) -> None:
     """Grammar masks of one group of rows: (constraint, row, budget) each. The group's shared filler
     goes first; when it raises, every row is filled alone so that only the failing ones are blamed.
     A failed row is left all-allowed (its token is dropped)."""
@@ -264,10 +272,12 @@ def _fill_rows(fill, bitmask: torch.Tensor, rows: list, owners: dict[int, Sequen
             seq = owners.get(id(constraint))
             if seq is None:
                 raise
-            fail_sequence(seq, "computing its grammar mask", exc)
+            fail_sequence(seq, "computing its grammar mask", exc, failed)
 
 
-def _same_key(constraint, budget: int, key: object, owners: dict[int, Sequence]) -> bool:
+def _same_key(
+    constraint, budget: int, key: object, owners: dict[int, Sequence], failed: list[Sequence]
+) -> bool:
     seq = owners.get(id(constraint))
     if seq is not None and seq.error is not None:
         return False
@@ -276,7 +286,7 @@ def _same_key(constraint, budget: int, key: object, owners: dict[int, Sequence])
     except Exception as exc:
         if seq is None:
             raise
-        fail_sequence(seq, "computing its grammar mask", exc)
+        fail_sequence(seq, "computing its grammar mask", exc, failed)
         return False
 
 
