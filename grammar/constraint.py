@@ -15,7 +15,7 @@ class GrammarConstraint:
     """engine.sampling_params.TokenConstraint over one grammar: llguidance's matcher says what the
     grammar allows, the budget cursor what still fits in the remaining tokens; a row is their AND."""
 
-    __slots__ = ("matcher", "cursor", "vocab", "words", "done", "restricted_steps", "fallbacks")
+    __slots__ = ("matcher", "cursor", "vocab", "words", "done", "restricted_steps")
 
     def __init__(self, matcher: LLGuidanceMatcher, cursor: BudgetCursor, vocab: TokenVocab):
         self.matcher = matcher
@@ -24,7 +24,6 @@ class GrammarConstraint:
         self.words = vocab.mask_words
         self.done = False
         self.restricted_steps = 0  # steps where the budget narrowed the mask (for tests and stats)
-        self.fallbacks = 0  # steps where budget and grammar masks did not intersect (see _narrow)
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, remaining_tokens: int) -> None:
         # bitmask: (batch, >= words) int32 on the CPU; words past our vocabulary stay disallowed
@@ -82,7 +81,6 @@ class GrammarConstraint:
                 # the backend allows only tokenizations the budget's shortest paths do not use
                 # (llguidance keeps forced text canonical) or remaining < D: stay inside the grammar,
                 # preferring the tokens that leave the least to do; never hit in tests
-                self.fallbacks += 1
                 own.copy_(grammar_row)
                 self.cursor.restrict(own, 1 << 30, nearest=True)
 

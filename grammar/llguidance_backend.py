@@ -12,7 +12,7 @@ import llguidance
 import torch
 
 from grammar.budget import _bit
-from grammar.vocab import TokenVocab
+from grammar.vocab import TEXT_CHAR, TokenVocab
 
 log = logging.getLogger("chatloom.grammar")
 # fuel: lexer work per mask; a mask over a 150k vocabulary inside a long string must not run out
@@ -29,7 +29,7 @@ LIMITS = llguidance.LLParserLimits(
 # excludes controls and U+007F..U+009F) at several lengths (a bounded string fits a slice only up to
 # what it has left), unbounded, and free text.
 _STRING_CHAR = r'[^"\\\x00-\x1F\x7F-\x9F]'
-SLICES = [f"{_STRING_CHAR}{{1,{n}}}" for n in (2, 5, 10, 20, 40)] + [f"{_STRING_CHAR}+", r"[^\x00-\x05]+"]
+SLICES = [f"{_STRING_CHAR}{{1,{n}}}" for n in (2, 5, 10, 20, 40)] + [f"{_STRING_CHAR}+", f"{TEXT_CHAR}+"]
 
 
 class LLGuidanceMatcher:

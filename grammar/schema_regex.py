@@ -35,7 +35,6 @@ _DROP_KEYS = ("$schema", "$id", "title", "description", "default", "examples", "
 # the byte DFA's states (maxItems 1000 of strings of maxLength 1000 would be a million states)
 LENGTH_LIMIT = 32  # minLength / maxLength, counted repeats in patterns
 ITEMS_LIMIT = 8  # minItems / maxItems / minProperties / maxProperties
-UNROLL_DEPTH = 3  # recursive $refs are unrolled this deep, then any JSON value
 MAX_BUDGET_REGEX = 200_000  # characters; a larger budget regex falls back to any JSON value
 
 
@@ -189,30 +188,16 @@ def _small_pattern(pattern: Any) -> bool:
     )
 
 
-def _widen(node: Any, root: dict, depth: int) -> Any:
-    """The budget's schema: a superset where the exact regex would be huge (long bounded repeats,
-    counted patterns) and recursion unrolled UNROLL_DEPTH deep, then any value."""
+def _widen(node: Any) -> Any:
+    """The budget's schema (references already unrolled: unroll_refs): a superset where the exact
+    regex would be huge (long bounded repeats, counted patterns); a reference left (not a local
+    one) admits any value."""
     if isinstance(node, list):
-        return [_widen(x, root, depth) for x in node]
+        return [_widen(x) for x in node]
     if not isinstance(node, dict):
         return node
-    ref = node.get("$ref")
-    if isinstance(ref, str):
-        m = _LOCAL_REF.match(ref)
-        if m is None:
-            return {}
-        if depth >= UNROLL_DEPTH:
-            return {}
-        target = (
-            root
-            if m.group(1) is None
-            else (root.get("$defs") or root.get("definitions") or {}).get(m.group(1))
-        )
-        if not isinstance(target, dict):
-            return {}
-        merged = {k: v for k, v in target.items() if k not in ("$defs", "definitions")}
-        merged.update({k: v for k, v in node.items() if k != "$ref"})
-        return _widen(merged, root, depth + 1)
+    if "$ref" in node:
+        return {}
     out = {}
     for k, v in node.items():
         if k in _DROP_KEYS and not isinstance(v, dict) or k in ("$defs", "definitions", "format"):
@@ -233,11 +218,11 @@ def _widen(node: Any, root: dict, depth: int) -> Any:
                 out[k] = v
             continue
         if k == "properties" and isinstance(v, dict):
-            out[k] = {name: _widen(sub, root, depth) for name, sub in v.items()}
+            out[k] = {name: _widen(sub) for name, sub in v.items()}
         elif k in ("enum", "const"):
             out[k] = v
         else:
-            out[k] = _widen(v, root, depth)
+            out[k] = _widen(v)
     return out
 
 
@@ -254,7 +239,7 @@ def budget_schema_regex(schema: Any) -> str:
         return _any_json_regex()
     try:
         unrolled = _drop_false(unroll_refs(copy.deepcopy(schema)))
-        regex = json_schema_regex(_widen(unrolled, unrolled, 0))
+        regex = json_schema_regex(_widen(unrolled))
     except GrammarInputError:
         raise  # the schema admits no value at all
     except (ValueError, RecursionError, OverflowError):

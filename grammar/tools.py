@@ -22,12 +22,11 @@ from typing import Any
 from grammar.dialects import HERMES, Dialect
 from grammar.errors import GrammarInputError
 from grammar.schema_regex import budget_schema_regex, escape, unroll_refs
-from grammar.vocab import MARKER_BYTES, TokenVocab
+from grammar.vocab import MARKER_BYTES, TEXT_CHAR, TokenVocab
 
 # free text for the budget: any text without reserved control bytes (markers, forbidden tokens);
 # the grammar's free text excludes them too, so both see the same text
-TEXT_SUPERSET = r"[^\x00-\x05]*"
-_TEXT = r"[^\x00-\x05]"
+TEXT_SUPERSET = TEXT_CHAR + "*"
 # how llguidance lays out JSON: compact, no optional whitespace (the budget's regex is then exact)
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 
@@ -277,9 +276,9 @@ def grammar_spec(
     spelled = w.text_markers()
     if spelled:
         avoid = "|".join(escape(m).replace("/", "\\/") for m in spelled)  # "/" ends a Lark regex
-        w.rules.append(f"TEXT0: /{_TEXT}*/ & ~/(?s:.*(?:{avoid}).*)/")
+        w.rules.append(f"TEXT0: /{TEXT_CHAR}*/ & ~/(?s:.*(?:{avoid}).*)/")
     else:
-        w.rules.append(f"TEXT0: /{_TEXT}*/")
+        w.rules.append(f"TEXT0: /{TEXT_CHAR}*/")
     if schema is not None:
         doc_l, doc_r = w.json(schema, "response_format")
         content_mode = "json_object" if schema == {"type": "object"} else "json_schema"
@@ -304,7 +303,7 @@ def grammar_spec(
         return GrammarSpec(w.lark(f"{doc_l} | {calls_l}"), f"(?:{doc_r}|{calls_r})", "auto")
     d = dialect
     if not d.open:  # a bare JSON call is the whole reply: text may not start like one
-        w.rules.append(f"TEXT_NB: /[^{{\\x00-\\x05]{_TEXT}*/")
+        w.rules.append(f"TEXT_NB: /[^{{\\x00-\\x05]{TEXT_CHAR}*/")
         return GrammarSpec(w.lark(f"TEXT_NB? | {calls_l}"), f"(?:{TEXT_SUPERSET}|{calls_r})", "auto")
     open_l, open_r = w.spell(d.open)
     if open_l.startswith("<["):  # the call opens with a special token: text before it is a lexeme

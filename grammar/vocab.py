@@ -32,6 +32,7 @@ MARKER_BYTES = {
     "<|python_tag|>": b"\x05",
 }
 RESERVED = set(range(6))  # control bytes free text and JSON strings never carry in our grammars
+TEXT_CHAR = r"[^\x00-\x05]"  # a character of free text: anything but the RESERVED bytes
 # end-of-turn tokens of chat templates, most specific first; else the tokenizer's eos_token
 _TURN_ENDS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 
