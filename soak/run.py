@@ -34,6 +34,7 @@ import httpx
 
 from soak.cases import ASSISTANT, CASES, prepare, send, verdict
 from soak.server import Server, tiny_checkpoint
+from soak.streams import stream_chat
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -60,26 +61,7 @@ class StreamLoad:
             "max_tokens": rng.randint(16, 96),
             "stream": True,
         }
-        chunks, reasons, done = 0, [], False
-        with client.stream("POST", "/v1/chat/completions", json=body) as r:
-            if r.status_code != 200:
-                return f"error: status {r.status_code} {r.read()[:200]!r}"
-            for line in r.iter_lines():
-                if line == "data: [DONE]":
-                    done = True
-                elif line.startswith("data: "):
-                    chunk = json.loads(line[6:])
-                    if "error" in chunk:
-                        return f"error: in-band {chunk['error']}"
-                    chunks += 1
-                    reasons += [
-                        c["finish_reason"] for c in chunk.get("choices", []) if c.get("finish_reason")
-                    ]
-                    if cancel_after is not None and chunks >= cancel_after:
-                        return "cancelled"  # leaving the block closes the connection mid-stream
-        if not done or reasons not in (["length"], ["stop"]):
-            return f"error: no normal end (reasons={reasons}, done={done})"
-        return "completed"
+        return stream_chat(client, body, cancel_after)
 
     def _worker(self, i: int, deadline: float) -> None:
         rng = random.Random(self.rng.random())

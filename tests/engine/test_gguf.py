@@ -17,6 +17,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.models import gguf as gguf_mod
+from engine.models.tiny import TINY_SHAPE
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 (the trainer puts them first)
 EOS_ID = 2
@@ -24,18 +25,8 @@ TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] "
     "+ '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-SHAPE = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=512,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=False,  # an output.weight tensor (the real SmolLM2 covers tied embeddings)
-    initializer_range=0.1,  # wide enough that a random model's greedy path varies
-)
+# the tiny test shape, with an output.weight tensor (the real SmolLM2 covers tied embeddings)
+SHAPE = {**TINY_SHAPE, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
 MAX_NEW = 24
 TIE = 1e-4
 

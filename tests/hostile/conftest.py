@@ -3,7 +3,6 @@ suite, killed if its RSS passes 2 GiB (soak.server), and 4 streams kept in fligh
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -12,6 +11,7 @@ import httpx
 import pytest
 
 from soak.server import Server
+from soak.streams import stream_chat
 
 
 @pytest.fixture(scope="session")
@@ -60,23 +60,8 @@ class Streams:
             "max_tokens": self.max_tokens,
             "stream": True,
         }
-        reasons, done = [], False
-        with client.stream("POST", "/v1/chat/completions", json=body) as r:
-            if r.status_code != 200:
-                return f"status {r.status_code}: {r.read()[:200]!r}"
-            for line in r.iter_lines():
-                if line == "data: [DONE]":
-                    done = True
-                elif line.startswith("data: "):
-                    chunk = json.loads(line[6:])
-                    if "error" in chunk:
-                        return f"in-band error: {chunk['error']}"
-                    reasons += [
-                        c["finish_reason"] for c in chunk.get("choices", []) if c.get("finish_reason")
-                    ]
-        if not done or reasons not in (["length"], ["stop"]):
-            return f"ended without a normal finish: reasons={reasons} done={done}"
-        return None
+        outcome = stream_chat(client, body)
+        return None if outcome == "completed" else outcome
 
     def _run(self, i: int) -> None:
         with httpx.Client(base_url=self.server.url, headers=self.server.headers, timeout=300) as client:
