@@ -1,8 +1,9 @@
 """Grammar bitmask rows kept on the device for the fused sampler (CUDA).
 
-Requests of one grammar keep coming back to the same few mask rows (a row is a function of the
-grammar's DFA state, see grammar/mask_cache.py). The table's first `capacity` rows cache rows by
-that key, least recently used out first; a step uploads only the rows it had to compute, into the
+A constraint whose row is shared by every request in the same state names it with a key
+(`mask_key`); the table's first `capacity` rows cache rows by that key, least recently used out
+first. The grammar's constraints return no key (llguidance's state is each request's own), so for
+them only the upload path below is used; a step uploads only the rows it had to compute, into the
 last `scratch` rows, and a (batch,) index telling the sampler which row each logits row reads.
 
 Stream order makes the reuse safe: a step's uploads and copies are queued after the previous step's
