@@ -44,7 +44,8 @@ async def test_a_huge_prompt_does_not_stall_a_small_request(roomy_server, path, 
         r = await big
     # the prompt is longer than the context: a 400 naming it, after the whole tokenization
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
-    assert elapsed > 0.4, "the big request was too quick to show anything"
-    # on the event loop the first small request would wait for the whole tokenization
-    assert max(latencies) < 0.35, (max(latencies), elapsed)
-    assert len(latencies) >= 3
+    # small requests were answered while the big one ran; on the event loop the first of them would
+    # wait for the whole tokenization (a latency close to `elapsed`). Relative, so that a fast or a
+    # loaded machine decides nothing
+    assert len(latencies) >= 3, "the big request was too quick to show anything"
+    assert max(latencies) < elapsed / 2, (max(latencies), elapsed)
