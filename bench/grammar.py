@@ -30,26 +30,60 @@ def g1_prompts(n: int = 64, prompt_len: int = 256, seed: int = 2) -> list[list[i
     return [[rng.randint(0, 10000) for _ in range(prompt_len)] for _ in range(n)]
 
 
-def count_valid(texts: list[str], tools: list[dict]) -> int:
-    """Outputs whose every call parses and validates (and that have at least one call)."""
+def count_valid(texts: list[str], tools: list[dict], dialect=None, eos: tuple[str, ...] = ()) -> int:
+    """Outputs whose every call parses and validates in the dialect's form (and that have at least one
+    call); `eos` are end-of-turn texts a stopped output ends with."""
+    from grammar.dialects import HERMES
     from grammar.tools import _function
 
+    dialect = dialect or HERMES
     schemas = {f["name"]: f.get("parameters") or {} for f in map(_function, tools)}
     valid = 0
     for text in texts:
-        text = text.removesuffix("<|im_end|>")
-        parts = text.split("<tool_call>")
-        ok = parts[0].strip() == "" and len(parts) > 1
-        for part in parts[1:]:
-            body, sep, rest = part.partition("</tool_call>")
-            try:
-                call = json.loads(body)
-                jsonschema.validate(call["arguments"], schemas[call["name"]])
-            except (ValueError, KeyError, TypeError, jsonschema.ValidationError):
-                ok = False
-            ok = ok and bool(sep) and rest.strip() == ""
-        valid += ok
+        for end in (*eos, "<|im_end|>"):
+            text = text.removesuffix(end)
+        try:
+            calls = _calls(text.strip(), dialect)
+            for call in calls:
+                jsonschema.validate(call[dialect.args_key], schemas[call["name"]])
+        except (ValueError, KeyError, TypeError, jsonschema.ValidationError):
+            continue
+        valid += bool(calls)
     return valid
+
+
+def _calls(text: str, dialect) -> list[dict]:
+    """The calls of a whole reply written in `dialect`; ValueError when it is anything else."""
+    decoder = json.JSONDecoder()
+    if dialect.list_form:  # [TOOL_CALLS][{...}, {...}]
+        if not text.startswith(dialect.open.strip()):
+            raise ValueError("no opening marker")
+        calls = json.loads(text[len(dialect.open.strip()) :])
+        if not isinstance(calls, list):
+            raise ValueError("not a list")
+        return calls
+    calls, i = [], 0
+    while i < len(text):
+        if dialect.open:
+            if not text.startswith(dialect.open.strip(), i):
+                raise ValueError("no opening marker")
+            i += len(dialect.open.strip())
+        while i < len(text) and text[i].isspace():
+            i += 1
+        call, i = decoder.raw_decode(text, i)
+        calls.append(call)
+        rest = text[i:].lstrip() if dialect.close else text[i:]
+        if dialect.close:
+            if not rest.startswith(dialect.close.strip()):
+                raise ValueError("no closing marker")
+            rest = rest[len(dialect.close.strip()) :]
+        i = len(text) - len(rest)
+        sep = dialect.sep if dialect.sep.strip() else ""
+        if sep and text.startswith(sep, i):
+            i += len(sep)
+        while i < len(text) and text[i].isspace():
+            i += 1
+    return calls
 
 
 class _TimedConstraint:
@@ -143,6 +177,11 @@ def run_g1(
     prompts = g1_prompts(n_requests, prompt_len)
     vocab_size = _model_vocab(llm)
     tokenizer = llm.tokenizer
+    from grammar.dialects import dialect_for
+
+    dialect = dialect_for(tokenizer)
+    eos = tuple(t for t in (getattr(tokenizer, "eos_token", None),) if t)
+    out(f"G1 vocabulary: {len(tokenizer)} tokens, dialect {dialect.name}")
 
     t0 = time.perf_counter()
     factory = build_constraint(
@@ -183,7 +222,7 @@ def run_g1(
         lengths = [len(ids) for ids in token_ids]
         texts = [tokenizer.decode(ids, skip_special_tokens=False) for ids in token_ids]
         complete = min(complete, sum(o.outputs[0].finish_reason == "stop" for o in outs))
-        valid = min(valid, count_valid(texts, tools))
+        valid = min(valid, count_valid(texts, tools, dialect, eos))
 
         free = [SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True) for n in lengths]
         free_outs, unconstrained_s = _timed_run(llm, prompts, free, around, "unconstrained")

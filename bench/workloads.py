@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import json
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -366,12 +367,30 @@ def _real_vocab_llm(args, folder: Path):
     from engine import LLM
 
     ahead = not args.launch_after
-    if torch.cuda.is_available():
-        path = _checkpoint(QWEN3_06B, 151936, folder, dummy=True)
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        torch.set_num_threads(args.threads)
+    path = _checkpoint(QWEN3_06B if cuda else {**BENCH_SHAPE}, 151936, folder, dummy=cuda)
+    if getattr(args, "tokenizer", None):
+        _adopt_tokenizer(path, Path(args.tokenizer))
+    if cuda:
         return LLM(path, load_format="dummy", dtype="bfloat16", max_model_len=4096, launch_ahead=ahead)
-    torch.set_num_threads(args.threads)
-    path = _checkpoint({**BENCH_SHAPE}, 151936, folder, dummy=False)
     return LLM(path, device="cpu", dtype="float32", num_threads=args.threads, launch_ahead=ahead)
+
+
+def _adopt_tokenizer(folder: Path, src: Path) -> None:
+    """--tokenizer: another family's tokenizer, chat template and bos/eos ids in the benchmark
+    checkpoint; its embedding keeps 151,936 rows (every family's vocabulary fits), so the model's
+    cost is Qwen's and only the vocabulary (and the dialect its template implies) changes."""
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        if (src / name).exists():
+            shutil.copyfile(src / name, folder / name)
+    theirs = json.loads((src / "config.json").read_text())
+    if theirs.get("vocab_size", 0) > 151936:
+        raise SystemExit(f"--tokenizer {src}: {theirs['vocab_size']} rows do not fit 151,936")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update({k: theirs.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")})
+    (folder / "config.json").write_text(json.dumps(cfg, indent=1))
 
 
 WORKLOADS = {
@@ -432,6 +451,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="GPU workloads: steps with prefill chunks up to N tokens replay graphs (0: eager; default: "
         "EngineConfig's)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="M1/G1: a checkpoint folder whose tokenizer, chat template and eos ids replace Qwen's "
+        "(e.g. one built by tests/families.py: SentencePiece, tekken, Llama 3, SmolLM2)",
     )
     p.add_argument("--repeats", type=int, default=3, help="M1: timed repetitions (best is reported)")
     p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
