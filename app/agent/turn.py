@@ -3,7 +3,8 @@ webhooks for a bounded number of rounds, store every message as soon as it exist
 
 run_turn yields the text the user sees, piece by piece (tool-call text is never shown); the pieces
 joined equal the turn's assistant contents joined, and every message is committed before the
-generator ends (so before a JSON reply is sent or an NDJSON stream's "end" line)."""
+generator ends (so before a JSON reply is sent or an NDJSON stream's "end" line). A turn the client
+stops (its stream cancelled or closed) keeps the text it had shown as the assistant's reply."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import httpx
 
 from app.agent import replay
 from app.agent.targets import TargetPolicy
+from app.agent.usage import TurnUsage
 from app.agent.webhooks import ToolResult, call_webhook
 from app.chat.constraints import build_constraint
 from app.chat.tool_parser import CallArgs, CallStart, Content, ParsedCall, ToolCallParser
@@ -153,8 +155,9 @@ async def _generate(
     parse_calls: bool,
     stops: set[int],
     result: _Round,
+    usage: TurnUsage,
 ) -> AsyncIterator[str]:
-    """Run one model call; yields the visible text pieces and fills `result`."""
+    """Run one model call; yields the visible text pieces and fills `result` and `usage`."""
     request_id = f"turn-{uuid.uuid4().hex}"
     # the API's streaming parser: Content events are what the user sees, call markup never is
     parser = ToolCallParser(enabled=parse_calls, fmt=dialect_for(engine.tokenizer))
@@ -163,7 +166,10 @@ async def _generate(
     finished = False
     try:
         stream = engine.generate(prompt_ids, params, request_id=request_id, retention_key=session_id)
+        usage.prompt_tokens = len(prompt_ids)
         async for out in stream:
+            if out.new_token_ids:
+                usage.tokens(len(out.new_token_ids))
             ids.extend(out.new_token_ids)
             stop_reason = out.stop_reason if out.finish_reason else stop_reason
             for piece in _apply(parser.feed(out.text_delta), result.content, result.calls):
@@ -202,21 +208,46 @@ async def run_turn(
     *,
     max_tool_rounds: int = MAX_TOOL_ROUNDS,
     principal: Principal = OPEN,
+    usage: TurnUsage | None = None,
 ) -> AsyncIterator[str]:
     """principal: the caller; a session id another caller holds is a 404 (nothing read or written).
-    A turn that fails or is abandoned before its first reply is stored takes its user message
-    back out of the session (a retry does not find the question twice)."""
+    usage: filled as the turn runs. A turn stopped by its client (cancelled, or closed early)
+    stores the text it had shown so far as the assistant's reply, and the next turn follows it. A
+    turn that fails, or is stopped before it showed any text, takes its user message back out of
+    the session (a retry does not find the question twice)."""
     async with session_lock(session_id):
         unanswered: list[int] = []  # the user message's id until a reply is stored
+        shown: list[str] = []  # the current model call's visible text until it is stored
         try:
             async for piece in _run_turn_locked(
-                deps, spec, session_id, user_text, max_tool_rounds, principal, unanswered
+                deps,
+                spec,
+                session_id,
+                user_text,
+                max_tool_rounds,
+                principal,
+                unanswered,
+                usage or TurnUsage(),
+                shown,
             ):
                 yield piece
-        except BaseException:
-            if unanswered:
+        except BaseException as exc:
+            stopped = isinstance(exc, asyncio.CancelledError | GeneratorExit)
+            if stopped and "".join(shown).strip():
+                await _keep_partial(deps.db, session_id, "".join(shown))
+            elif unanswered:
                 await _forget(deps.db, session_id, unanswered)
             raise
+
+
+async def _keep_partial(db: Database, session_id: str, text: str) -> None:
+    """Store a stopped reply's text (replayed as text: its token ids may run past what was shown)."""
+    with anyio.CancelScope(shield=True):  # runs while the request's task is being cancelled
+        try:
+            async with db.session() as s:
+                await repo.add_message(s, db.history, session_id, "assistant", text)
+        except APIError as exc:
+            log.warning("could not store the stopped reply of %s: %s", session_id, exc)
 
 
 async def _forget(db: Database, session_id: str, message_ids: list[int]) -> None:
@@ -237,7 +268,11 @@ async def _run_turn_locked(
     max_tool_rounds: int,
     principal: Principal,
     unanswered: list[int] | None = None,
+    usage: TurnUsage | None = None,
+    shown: list[str] | None = None,
 ) -> AsyncIterator[str]:
+    usage = usage or TurnUsage()
+    shown = [] if shown is None else shown
     engine, db = deps.engine, deps.db
     tokenizer = engine.tokenizer
     async with db.session() as s:
@@ -288,8 +323,10 @@ async def _run_turn_locked(
         params = SamplingParams(**sampling, constraint=constraint, skip_special_tokens=False)
 
         made = _Round()
+        shown.clear()
         parse_calls = bool(tools) and choice != "none"
-        async for piece in _generate(engine, prompt_ids, params, session_id, parse_calls, stops, made):
+        async for piece in _generate(engine, prompt_ids, params, session_id, parse_calls, stops, made, usage):
+            shown.append(piece)
             yield piece
 
         text, calls = "".join(made.content), made.calls
@@ -307,6 +344,7 @@ async def _run_turn_locked(
                 tool_calls=openai_calls,
                 token_ids=made.token_ids,
             )
+        shown.clear()  # stored: a stop from here on has nothing more to keep
         if unanswered is not None:
             unanswered.clear()  # answered: the user message stays whatever happens next
         history.append(

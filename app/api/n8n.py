@@ -5,10 +5,12 @@ files are attached); other content types (text/plain, url-encoded forms: what a 
 can send without a CORS preflight) are a 415. GET carries the fields as query parameters and serves
 loadPreviousSession only (the widget with webhookConfig.method "GET" loads that way; a message
 changes state, so sendMessage over GET is a 405):
-    {"action": "sendMessage", "sessionId": "...", "chatInput": "...", "metadata": {...}}
+    {"action": "sendMessage", "sessionId": "...", "chatInput": "...", "metadata": {...},
+     "options"?: {...} (chatloom's web chat: this turn's settings, app.agent.overrides)}
         -> {"output": "..."}, or NDJSON lines when Accept asks for text/plain or
            application/x-ndjson (the widget with streaming on):
            {"type": "begin"|"item"|"end"|"error", "content"?: "...", "metadata": {...}}
+           (the "end" line's metadata adds "usage": app.agent.usage.TurnUsage.as_dict())
     {"action": "loadPreviousSession", "sessionId": "..."}
         -> {"data": [LangChain-serialized HumanMessage / AIMessage, ...]}
 The widget's key names are configurable (chatSessionKey, chatInputKey): the server reads
@@ -32,8 +34,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import UploadFile
 
+from app.agent.overrides import apply_options
 from app.agent.targets import TargetPolicy
 from app.agent.turn import AssistantSpec, TurnDeps, run_turn
+from app.agent.usage import TurnUsage
 from app.api.assistants import assistant_or_404
 from app.api.openai import STREAM_HEADERS
 from app.api.webhook_auth import WebhookAuthError, authenticate
@@ -214,6 +218,7 @@ async def chat(assistant_id: str, request: Request, db: DB, http: HTTP):
             403,
             code="anonymous_tools_refused",
         )
+    spec = apply_options(spec, body.get("options"), caller)
     async with db.session() as s:  # before anything streams: the id must be the caller's, or new
         if await repo.visible_session(
             s, db.history, session_id, caller
@@ -221,11 +226,12 @@ async def chat(assistant_id: str, request: Request, db: DB, http: HTTP):
             raise repo.session_not_found(session_id)
     engine = get_engine(request)  # not a dependency: loadPreviousSession works without a model
     deps = TurnDeps(engine, db, http, TargetPolicy.from_settings(settings))
-    pieces = run_turn(deps, spec, session_id, text, principal=caller)
+    usage = TurnUsage()
+    pieces = run_turn(deps, spec, session_id, text, principal=caller, usage=usage)
 
     if wants_ndjson(request.headers.get("accept", "")):
         return StreamingResponse(
-            _ndjson(pieces, assistant_id, spec.name),
+            _ndjson(pieces, assistant_id, spec.name, usage),
             media_type="application/json; charset=utf-8",
             headers=STREAM_HEADERS,
         )
@@ -233,7 +239,9 @@ async def chat(assistant_id: str, request: Request, db: DB, http: HTTP):
     return JSONResponse({"output": output})
 
 
-async def _ndjson(pieces: AsyncIterator[str], node_id: str, node_name: str) -> AsyncIterator[bytes]:
+async def _ndjson(
+    pieces: AsyncIterator[str], node_id: str, node_name: str, usage: TurnUsage | None = None
+) -> AsyncIterator[bytes]:
     def line(kind: str, content: str | None = None) -> bytes:
         meta = {
             "nodeId": node_id,
@@ -245,6 +253,8 @@ async def _ndjson(pieces: AsyncIterator[str], node_id: str, node_name: str) -> A
         obj: dict[str, Any] = {"type": kind}
         if content is not None:
             obj["content"] = content
+        if kind == "end" and usage is not None:
+            meta["usage"] = usage.as_dict()
         obj["metadata"] = meta
         return (json.dumps(obj, ensure_ascii=False) + "\n").encode()
 

@@ -53,6 +53,8 @@ class ChatSession(Base):
     )
     # app.principal: the only caller that sees this session (every other one gets a 404)
     owner: Mapped[str] = mapped_column(sa.String(128), default=DEFAULT, server_default=DEFAULT, index=True)
+    # a name the user gave it; None: lists show the start of its first user message
+    title: Mapped[str | None] = mapped_column(sa.String(200))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 

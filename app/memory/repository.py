@@ -23,6 +23,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.errors import APIError
+from app.memory import session_edits
 from app.memory.models import Assistant, ChatSession, Message, utcnow
 from app.memory.n8n_table import from_langchain, to_langchain
 from app.principal import DEFAULT, OPEN, Principal
@@ -249,6 +250,7 @@ class SessionSummary:
     created_at: datetime
     updated_at: datetime
     message_count: int
+    title: str = ""  # the given title, else the start of the first user message (session_edits)
 
 
 async def list_sessions(
@@ -259,9 +261,11 @@ async def list_sessions(
     assistant_id: str | None = None,
     limit: int = 50,
     offset: int = 0,
+    query: str | None = None,
 ) -> list[SessionSummary]:
     """The caller's sessions, most recently active first; for a caller that reads DEFAULT, the
-    sessions that exist only in the n8n table are imported first."""
+    sessions that exist only in the n8n table are imported first. query: only the sessions whose
+    title or some message contains it (case-insensitive)."""
     if principal.can_read(DEFAULT):
         foreign = (
             await s.scalars(
@@ -287,9 +291,13 @@ async def list_sessions(
     )
     if assistant_id is not None:
         q = q.where(ChatSession.assistant_id == assistant_id)
+    if query:
+        q = q.where(session_edits.matches(query))
+    rows = (await s.execute(q)).all()
+    titles = await session_edits.titles(s, [row for row, _ in rows])
     return [
-        SessionSummary(row.id, row.assistant_id, row.created_at, row.updated_at, int(n))
-        for row, n in (await s.execute(q)).all()
+        SessionSummary(row.id, row.assistant_id, row.created_at, row.updated_at, int(n), titles[row.id])
+        for row, n in rows
     ]
 
 
