@@ -162,6 +162,19 @@ class BlockManager:
             seq.block_hashes.append(h)
             prev = h
 
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Free seq's blocks past its first num_tokens slots (rejected proposals' K/V); those blocks
+        were never committed. The table is replaced, as free() does, so no stale copy is used."""
+        keep = -(-num_tokens // self.block_size)
+        if keep >= len(seq.block_table):
+            return
+        for bid in seq.block_table[keep:]:
+            self.blocks[bid].ref_count -= 1
+            if self.blocks[bid].ref_count == 0:
+                self.free_uncached.append(bid)
+        seq.block_table = seq.block_table[:keep]
+        seq.table_row = -1
+
     def free(self, seq: Sequence) -> None:
         """Release seq's blocks (tail first, so a prefix outlives its continuations in the LRU)."""
         for bid in reversed(seq.block_table):

@@ -49,6 +49,11 @@ class EngineConfig:
     # captured graph (engine.batch_graphs), capped at max_num_batched_tokens; 0: always eager
     batch_graph_max_tokens: int = 8192
     num_threads: int | None = None  # torch CPU threads
+    # speculative decoding (engine.speculative): off | ngram (prompt lookup) | draft (draft_model: a
+    # smaller checkpoint, same tokenizer); on, async scheduling is off (proposals read host tokens)
+    speculative_method: str = "off"
+    num_speculative_tokens: int = 4  # most tokens proposed per sequence and step
+    draft_model: str | None = None
 
     def __post_init__(self) -> None:
         def positive(name: str) -> None:
@@ -56,7 +61,7 @@ class EngineConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
 
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "num_speculative_tokens"):
             positive(name)
         if self.block_size is not None:
             positive("block_size")
@@ -68,6 +73,11 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig.{name} must be a non-negative integer, got {value!r}")
         if self.num_kv_blocks is not None:
             positive("num_kv_blocks")
+        method = self.speculative_method
+        if method not in ("off", "ngram", "draft"):
+            raise ValueError(f"EngineConfig.speculative_method must be off, ngram or draft: {method!r}")
+        if (self.speculative_method == "draft") != bool(self.draft_model):
+            raise ValueError("EngineConfig.draft_model is needed with (only with) speculative_method 'draft'")
         if self.max_model_len is not None:
             positive("max_model_len")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -96,6 +96,14 @@ class EngineCore:
         self.num_steps = 0
         overlap = config.async_scheduling
         self.overlap = self.device.type == "cuda" if overlap is None else overlap
+        self.spec = None  # speculative.Speculator: proposals need the host's tokens, so no overlap
+        if config.speculative_method != "off":
+            from engine.speculative import Speculator
+
+            self.spec = Speculator(
+                config, self.vocab_size, self.eos_token_ids, self.device, self.dtype, self.runner.num_blocks
+            )
+            self.overlap = False
         self._inflight: _InFlight | None = None
         # (batch, logits, sampling) of a step whose forward the previous step launched (launch_ahead)
         self._ahead: tuple | None = None
@@ -134,6 +142,9 @@ class EngineCore:
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
         params.check_vocab(self.vocab_size)
+        method = params.speculative_method
+        if method not in (None, "off") and getattr(self.spec, method, None) is None:
+            raise ValueError(f"speculative_method {method!r}: the engine was not started with it")
         need = len(ids) + (params.max_tokens or 1)
         if need > self.max_model_len:
             raise ValueError(
@@ -238,6 +249,7 @@ class EngineCore:
             "prefix_cache_hit_tokens": bm.prefix_cache_hit_tokens,
             "prefix_cache_queried_tokens": bm.prefix_cache_queried_tokens,
             "num_preemptions": self.scheduler.num_preemptions,
+            **(self.spec.stats() if self.spec is not None else {}),
         }
 
     # ---- the step ---------------------------------------------------------------------------
@@ -274,6 +286,8 @@ class EngineCore:
             self._touch(batch.seqs)
         else:
             self._touched = None  # a failing schedule() may leave any request half-updated
+            if self.spec is not None:
+                self.spec.propose(self.scheduler.running, self.max_model_len)
             batch = self.scheduler.schedule()
             self._touched = []
             if prev is not None:
@@ -288,6 +302,10 @@ class EngineCore:
             temps = self.sampler.graph_temps(batch.seqs) if self.runner.samples_in_graph(batch) else None
             pending = prev.token_ids if prev is not None else None
             logits, sampling, tokens = self.runner.execute(batch, pending, temps)
+            if self.spec is not None and logits is not None and logits.shape[0] > len(sampling):
+                # the rows of chunks that end in proposals follow the sampling ones
+                logits, spec_logits = (logits[: len(sampling)] if sampling else None), logits[len(sampling) :]
+                outputs += self._verify(batch, spec_logits)
         seqs = [batch.seqs[i] for i in sampling]
         # sampling waits for the previous tokens only when a row reads them on the host
         late = prev is not None and any(s.needs_host_tokens for s in seqs)
@@ -349,6 +367,33 @@ class EngineCore:
         if step is not None:
             self._ahead = (nxt, *self.runner.run(nxt, step, pending=token_ids))
         return launched
+
+    def _verify(self, batch, logits: torch.Tensor) -> list[StepOutput]:
+        """The step's speculating sequences (their chunk ends in proposals, rows in logits in batch
+        order): keep the accepted tokens and one more, count the K/V of the accepted ones only (the
+        step's after_step), free the blocks of the rejected ones."""
+        outputs, row = [], 0
+        for i in range(batch.num_decodes, len(batch.seqs)):
+            seq, spec = batch.seqs[i], batch.seqs[i].spec_tokens
+            if not spec:
+                continue
+            rows, row = logits[row : row + len(spec) + 1], row + len(spec) + 1
+            seq.spec_tokens = []
+            try:
+                tokens = self.spec.verify(seq, spec, rows)
+                batch.num_new_tokens[i] -= len(spec) + 1 - len(tokens)
+                for tok in tokens:
+                    seq.append_token(tok)
+                    outputs.append(self._accept(seq, seq.num_tokens - 1, tok, None))
+                    if seq.is_finished:
+                        break
+            except Exception as exc:  # its grammar or detokenizer: this sequence fails alone
+                log.warning("request %s (sample %d) failed verifying: %r", seq.request_id, seq.index, exc)
+                seq.error = f"failed while verifying proposals: {type(exc).__name__}: {exc}"
+                self.fail_sequence(seq)
+            if not seq.is_finished:
+                self.block_manager.truncate(seq, seq.num_tokens)
+        return outputs
 
     def _reserve(self, seqs: list[Sequence]) -> list[int]:
         """A placeholder for each row's token in flight; returns where each sits (-1: row dropped)."""

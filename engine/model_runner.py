@@ -151,19 +151,25 @@ class ModelRunner:
         p_pos = p_slots = _NONE
         p_pend_at: list[int] = []
         p_pend_rows: list[int] = []
+        spec_rows: list[int] = []  # rows of chunks ending in proposals: all logits after sample_rows'
         if pre:
             p_start: list[int] = []
             for i, (seq, n) in enumerate(zip(pre, q_lens, strict=True)):
                 start = seq.num_computed_tokens
                 p_start.append(start)
-                p_ids.extend(seq.token_ids[start : start + n])
+                spec = seq.spec_tokens
+                p_ids.extend(seq.token_ids[start : start + n - len(spec)])
+                p_ids.extend(spec)
                 at = nd + len(p_ids) - 1
                 if p_ids[-1] == PENDING:
                     p_pend_at.append(at)
                     p_pend_rows.append(seq.pending_row)
-                if start + n == len(seq.token_ids):
+                if spec:
+                    spec_rows.extend(range(at - len(spec), at + 1))
+                elif start + n == len(seq.token_ids):
                     sample_rows.append(at)
                     sampling.append(nd + i)
+            sample_rows += spec_rows
             q = np.array(q_lens, dtype=np.int64)
             cu = np.zeros(len(pre) + 1, dtype=np.int64)  # (num_prefills + 1,)
             np.cumsum(q, out=cu[1:])
@@ -179,7 +185,7 @@ class ModelRunner:
         pend = np.concatenate(
             [pend_at, np.array(p_pend_at, np.int64), pend_rows, np.array(p_pend_rows, np.int64)]
         )
-        if pre and self._batch_graph_takes(len(seqs), ids.size):
+        if pre and not spec_rows and self._batch_graph_takes(len(seqs), ids.size):
             g = self.batch_graphs.load(
                 self._staging, ids, pos, slots, np.array(sample_rows, dtype=np.int64), pend,
                 np.concatenate([np.ones(nd, dtype=np.int64), q]), np.concatenate([d_pos + 1, pre_start + q]),
@@ -222,7 +228,7 @@ class ModelRunner:
             prefill_max_q=max(q_lens, default=0),
         )
         in_flight = t[h_pend] if k else None
-        step = StepInputs(t[h_ids], t[h_pos], meta, t[h_rows], sampling, in_flight)
+        step = StepInputs(t[h_ids], t[h_pos], meta, t[h_rows], sampling, in_flight, spec_rows=len(spec_rows))
         if k and not defer_pending:
             _fill_pending(step, pending)
         return step
@@ -359,6 +365,7 @@ class ModelRunner:
             return (logits, step.sampling) if step.sampling else (None, [])
         if (
             self.extend_graphs is not None
+            and not step.spec_rows
             and bs == 1
             and meta.num_decodes == 0
             and self.extend_graphs.padded_size(input_ids.shape[0]) is not None
@@ -373,7 +380,7 @@ class ModelRunner:
             )
             return (logits, step.sampling) if step.sampling else (None, [])
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
-        if not step.sampling:
+        if not step.sampling and not step.spec_rows:
             return None, []
         return self.model.compute_logits(hidden.index_select(0, step.rows)), step.sampling
 
@@ -390,6 +397,9 @@ class StepInputs(NamedTuple):
     pending_at: torch.Tensor | None = None  # (2k,) positions of in-flight tokens, then their sampled rows
     in_graph: bool = False  # a decode step whose tensors are views of the decode graph's static inputs
     batch_size: int = 0  # > 0: a step a batch graph of this many tokens runs (its inputs loaded already)
+    # rows of proposals' chunks (engine.speculative) after the sampling ones, whose logits follow theirs;
+    # such steps run eagerly (the graphs return one row per sequence)
+    spec_rows: int = 0
 
 
 def _fill_pending(step: StepInputs, pending: torch.Tensor | None) -> None:

@@ -84,6 +84,9 @@ class SamplingParams:
     # per-sequence logits processors: f(generated_ids, logits (vocab,)) -> logits
     logits_processors: list[Callable] = field(default_factory=list)
     constraint: ConstraintFactory | None = None
+    # None: the engine's (EngineConfig); "off" opts out; "ngram" / "draft" need the engine's on
+    speculative_method: str | None = None
+    num_speculative_tokens: int | None = None  # at most the engine's
 
     def __post_init__(self) -> None:
         """Every numeric field checked against its bounds here, so that nothing out of range reaches
@@ -117,6 +120,10 @@ class SamplingParams:
             _int("seed", self.seed, INT64_MIN, INT64_MAX)
         for t in self.stop_token_ids:
             _int("stop_token_ids", t, INT64_MIN, INT64_MAX)  # the vocabulary: check_vocab
+        if self.speculative_method not in (None, "off", "ngram", "draft"):
+            raise ValueError(f"speculative_method must be off, ngram or draft: {self.speculative_method!r}")
+        if self.num_speculative_tokens is not None:
+            _int("num_speculative_tokens", self.num_speculative_tokens, 1, 64)
         for t, bias in self.logit_bias.items():
             _int("logit_bias", t, INT64_MIN, INT64_MAX)
             _float("logit_bias", bias, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)

@@ -65,6 +65,7 @@ class Scheduler:
             with contextlib.suppress(ValueError):
                 self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
+        seq.spec_tokens = []
         self.bm.free(seq)
 
     def _left(self, seq: Sequence) -> None:
@@ -74,6 +75,7 @@ class Scheduler:
             del self._running_per_request[rid]
 
     def _preempt(self, seq: Sequence) -> None:
+        seq.spec_tokens = []
         self.running.remove(seq)
         self._left(seq)
         self.bm.free(seq)
@@ -100,8 +102,12 @@ class Scheduler:
             if seq.done_scheduling:
                 continue
             computed = seq.num_computed_tokens
-            left = len(seq.token_ids) - computed
+            spec = seq.spec_tokens  # proposals verified in this chunk (engine.speculative)
+            left = len(seq.token_ids) - computed + len(spec)
             n = left if left < budget else budget
+            if n < left and spec:  # the proposals that fit; none when the chunk stops short of the end
+                del spec[max(n - left + len(spec), 0) :]
+                left = len(seq.token_ids) - computed + len(spec)
             if computed + n > len(seq.block_table) * bs:  # a new block is needed
                 while not bm.allocate(seq, computed + n):
                     victim = running[-1]

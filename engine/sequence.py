@@ -56,6 +56,8 @@ class Sequence:
         self.detok: Any = None
         self.constraint: Any = None
         self.generator: Any = None
+        self.spec: Any = None  # speculative.SpecState once it speculates
+        self.spec_tokens: list[int] = []  # proposals verified by the step it is scheduled in
         self.logprobs: list | None = [] if params.logprobs is not None else None
         # read every step for every row: the request's params never change, so decided once
         self.needs_host_tokens = params.needs_host_tokens
