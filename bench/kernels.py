@@ -143,8 +143,9 @@ def qkv_new_token_inputs(b: int, dtype, device) -> tuple[torch.Tensor, tuple]:
 def build_cases(dtype, device, tiny: bool, only: set[str]) -> list[Case]:
     from kernels.activation import silu_and_mul
     from kernels.bitmask import apply_token_bitmask_
+    from kernels.decode_attention import paged_decode_attention
     from kernels.kv_cache import store_kv
-    from kernels.paged_attention import paged_decode_attention, paged_prefill_attention
+    from kernels.prefill_attention import paged_prefill_attention
     from kernels.rmsnorm import fused_add_rms_norm, rms_norm
     from kernels.rope import apply_rope
 
@@ -357,13 +358,17 @@ SPLITS_SWEEP = [1, 2, 4, 8, 16, 32, 64]
 
 def sweep(dtype, device, timer: Timer, tiny: bool, only: set[str] = frozenset({"prefill", "decode"})) -> None:
     """Times the attention kernels over tile configurations and decode split counts; prints the best.
-    Put the winners into PREFILL_CONFIGS / DECODE_CONFIGS / choose_num_splits in paged_attention.py.
+    Put the winners into PREFILL_CONFIGS (kernels/prefill_attention.py) and DECODE_CONFIGS /
+    choose_num_splits (kernels/decode_launch.py).
     `only`: the kernels of --only swept ("prefill", "decode")."""
-    from kernels import paged_attention as pa
+    from kernels import decode_attention as da
+    from kernels import decode_launch as dl
+    from kernels import prefill_attention as pf
+    from kernels._jit import sm_count
 
     key = "interpret" if device.type == "cpu" else ("fp32" if dtype == torch.float32 else "16bit")
     scale = HEAD_DIM**-0.5
-    prefill_default, decode_defaults = pa.PREFILL_CONFIGS[key], dict(pa.DECODE_CONFIGS)
+    prefill_default, decode_defaults = pf.PREFILL_CONFIGS[key], dict(dl.DECODE_CONFIGS)
     # (batch, context, new tokens): W1 prompts, W2-like cached prefix, M1's turn 10, one long prompt, a
     # W2 prefill step (8,192 tokens of ~585-token prompts)
     prefill_shapes = [(32, 128, 128), (32, 1024, 128), (1, 3764, 100), (1, 4096, 4096), (14, 585, 585)]
@@ -383,8 +388,8 @@ def sweep(dtype, device, timer: Timer, tiny: bool, only: set[str] = frozenset({"
             q, kc, vc, bt, cu, sl = _paged(b, ctx, qlen, dtype, device)
             results = []
             for cfg in prefill_sweep:
-                pa.PREFILL_CONFIGS[key] = cfg
-                fn = lambda q=q, kc=kc, vc=vc, bt=bt, cu=cu, sl=sl, qlen=qlen: pa.paged_prefill_attention(
+                pf.PREFILL_CONFIGS[key] = cfg
+                fn = lambda q=q, kc=kc, vc=vc, bt=bt, cu=cu, sl=sl, qlen=qlen: pf.paged_prefill_attention(
                     q, kc, vc, bt, cu, sl, qlen, scale
                 )
                 try:
@@ -402,13 +407,13 @@ def sweep(dtype, device, timer: Timer, tiny: bool, only: set[str] = frozenset({"
             q, kc, vc, bt, _, sl = _paged(b, ctx, 1, dtype, device)
             results = []
             for cfg in decode_sweep:
-                pa.DECODE_CONFIGS[key] = cfg
+                dl.DECODE_CONFIGS[key] = cfg
                 if key == "16bit":
-                    pa.DECODE_CONFIGS["16bit_wide"] = pa.DECODE_CONFIGS["16bit_wide_table"] = cfg
+                    dl.DECODE_CONFIGS["16bit_wide"] = dl.DECODE_CONFIGS["16bit_wide_table"] = cfg
                 for splits in splits_sweep:
                     if splits > 1 and ctx // splits < cfg[0]:
                         continue
-                    fn = lambda q=q, kc=kc, vc=vc, bt=bt, sl=sl, s=splits: pa.paged_decode_attention(
+                    fn = lambda q=q, kc=kc, vc=vc, bt=bt, sl=sl, s=splits: da.paged_decode_attention(
                         q, kc, vc, bt, sl, scale, num_splits=s
                     )
                     try:
@@ -418,20 +423,20 @@ def sweep(dtype, device, timer: Timer, tiny: bool, only: set[str] = frozenset({"
                         continue
                     results.append((t, cfg, splits))
             results.sort()
-            auto = pa.choose_num_splits(b, NUM_KV_HEADS, ctx, pa._sm_count(device))
+            auto = dl.choose_num_splits(b, NUM_KV_HEADS, ctx, sm_count(device))
             top = "  ".join(f"{c}/{s}={t * 1e6:.1f}" for t, c, s in results[:6])
             print(f"decode B={b} ctx={ctx}: auto splits {auto}; best {top}")
         if "decode" in only:
-            _sweep_fused_decode(pa, key, dtype, device, timer, tiny, decode_sweep, splits_sweep)
+            _sweep_fused_decode(key, dtype, device, timer, tiny, decode_sweep, splits_sweep)
     finally:
-        pa.PREFILL_CONFIGS[key] = prefill_default
-        pa.DECODE_CONFIGS.update(decode_defaults)
+        pf.PREFILL_CONFIGS[key] = prefill_default
+        dl.DECODE_CONFIGS.update(decode_defaults)
 
 
 def _new_token(seq_lens: torch.Tensor, tables: torch.Tensor, dtype, device):
     """The fused decode launch's inputs for a batch whose contexts end at seq_lens (b,): raw q (b, H, D)
     and the new token's NewTokenQK (its K/V go to each sequence's slot of its last position)."""
-    from kernels.paged_attention import NewTokenQK
+    from kernels.decode_launch import NewTokenQK
 
     b = seq_lens.shape[0]
     qkv = _randn(b, NUM_HEADS + 2 * NUM_KV_HEADS, HEAD_DIM, dtype=dtype, device=device)
@@ -446,12 +451,16 @@ def _new_token(seq_lens: torch.Tensor, tables: torch.Tensor, dtype, device):
     return qkv[:, :NUM_HEADS], new
 
 
-def _sweep_fused_decode(pa, key: str, dtype, device, timer: Timer, tiny: bool, configs, splits_sweep) -> None:
+def _sweep_fused_decode(key: str, dtype, device, timer: Timer, tiny: bool, configs, splits_sweep) -> None:
     """The engine's decode launch (q/k norm, RoPE and the new K/V store before the attention) at the
     decode shapes of W3 (one stream), W1 (32 x ~256) and W2 (256 x ~860) over the same configs."""
+    from kernels import decode_attention as da
+    from kernels import decode_launch as dl
+    from kernels._jit import sm_count
+
     print("# fused decode (q/k norm + RoPE + K/V store + attention): (BLOCK_N, warps, stages) x splits -> us")
     print("# (batch 1 split: the peeled launch, the swept (BLOCK_N, warps) with PEEL_STAGES stages)")
-    default_peel = pa.PEEL_TILE
+    default_peel = dl.PEEL_TILE
     for b, ctx in [(1, 64)] if tiny else [(1, 768), (1, 4096), (32, 256), (256, 860)]:
         _, kc, vc, bt, _, sl = _paged(b, ctx, 1, dtype, device)
         q, new = _new_token(torch.full((b,), ctx, device=device), bt, dtype, device)
@@ -460,11 +469,11 @@ def _sweep_fused_decode(pa, key: str, dtype, device, timer: Timer, tiny: bool, c
             for cfg, splits in itertools.product(configs, splits_sweep):
                 if splits > 1 and ctx // splits < cfg[0]:
                     continue
-                pa.DECODE_CONFIGS[key] = cfg
-                pa.PEEL_TILE = tuple(cfg[:2])
+                dl.DECODE_CONFIGS[key] = cfg
+                dl.PEEL_TILE = tuple(cfg[:2])
                 if key == "16bit":
-                    pa.DECODE_CONFIGS["16bit_wide"] = pa.DECODE_CONFIGS["16bit_wide_table"] = cfg
-                fn = lambda q=q, kc=kc, vc=vc, bt=bt, sl=sl, new=new, s=splits: pa.paged_decode_attention(
+                    dl.DECODE_CONFIGS["16bit_wide"] = dl.DECODE_CONFIGS["16bit_wide_table"] = cfg
+                fn = lambda q=q, kc=kc, vc=vc, bt=bt, sl=sl, new=new, s=splits: da.paged_decode_attention(
                     q, kc, vc, bt, sl, HEAD_DIM**-0.5, num_splits=s, new_token=new
                 )
                 try:
@@ -474,9 +483,9 @@ def _sweep_fused_decode(pa, key: str, dtype, device, timer: Timer, tiny: bool, c
                     continue
                 results.append((t, cfg, splits))
         finally:
-            pa.PEEL_TILE = default_peel
+            dl.PEEL_TILE = default_peel
         results.sort()
-        auto = pa.choose_num_splits(b, NUM_KV_HEADS, 4096, pa._sm_count(device))
+        auto = dl.choose_num_splits(b, NUM_KV_HEADS, 4096, sm_count(device))
         top = "  ".join(f"{c}/{s}={t * 1e6:.1f}" for t, c, s in results[:8])
         print(f"fused decode B={b} ctx={ctx}: engine splits {auto} (graphs: bound 4096); best {top}")
 
@@ -491,7 +500,9 @@ def sweep_ragged(dtype, device, timer: Timer, tiny: bool) -> None:
     and longest first (`order`), then the wide tile
     configurations at the largest batch with the engine's dispatch. GB/s of K/V read; the first line is
     what a plain streaming read (torch sum over 2 GiB) reaches on this device."""
-    from kernels import paged_attention as pa
+    from kernels import decode_attention as da
+    from kernels import decode_launch as dl
+    from kernels._jit import sm_count
 
     stream = torch.ones((1 << 20) if tiny else (1 << 30), dtype=torch.bfloat16, device=device)
     t = timer.eager(stream.sum)
@@ -499,9 +510,9 @@ def sweep_ragged(dtype, device, timer: Timer, tiny: bool) -> None:
     del stream
     print("# ragged decode: num_splits -> us (GB/s of K/V read)")
     gen = torch.Generator().manual_seed(0)
-    wide = pa.wide_config_key(True)  # the block-table row held in registers
+    wide = dl.wide_config_key(True)  # the block-table row held in registers
     key = "interpret" if device.type == "cpu" else ("fp32" if dtype == torch.float32 else wide)
-    default = pa.DECODE_CONFIGS[key]
+    default = dl.DECODE_CONFIGS[key]
 
     def timed(batch, splits, ordered: bool, fused: bool = False) -> str:
         q, kc, vc, bt, sl, order, nbytes = batch
@@ -509,7 +520,7 @@ def sweep_ragged(dtype, device, timer: Timer, tiny: bool) -> None:
         nt = None
         if fused:  # the raw q of a qkv row, as the engine passes it
             q, nt = _new_token(sl, bt, q.dtype, q.device)
-        fn = lambda: pa.paged_decode_attention(
+        fn = lambda: da.paged_decode_attention(
             q, kc, vc, bt, sl, HEAD_DIM**-0.5, num_splits=splits, order=o, new_token=nt
         )
         t = timer.graph(fn) or timer.eager(fn)
@@ -520,14 +531,14 @@ def sweep_ragged(dtype, device, timer: Timer, tiny: bool) -> None:
             top = 64 if tiny else 2048
             q, kc, vc, bt, _, _ = _paged(b, top, 1, dtype, device)
             sl = torch.randint(top // 8, top + 1, (b,), generator=gen).to(device=device, dtype=torch.int32)
-            order = pa.longest_first(sl)
+            order = dl.longest_first(sl)
             kv_bytes = int(sl.sum()) * NUM_KV_HEADS * HEAD_DIM * 2 * kc.element_size()
             batch = (q, kc, vc, bt, sl, order, kv_bytes)
-            auto = pa.choose_num_splits(b, NUM_KV_HEADS, 4096, pa._sm_count(device))
+            auto = dl.choose_num_splits(b, NUM_KV_HEADS, 4096, sm_count(device))
             row = "  ".join(f"{s}={timed(batch, s, False)}" for s in ([1, 2] if tiny else RAGGED_SWEEP))
             print(f"ragged B={b} ({kv_bytes / 1e6:.0f} MB): engine {auto}; {row}")
             cells = [f"{name}={timed(batch, 1, o)}" for name, o in (("rows", False), ("longest-first", True))]
-            ordered = pa.wants_order(b, NUM_KV_HEADS, device)
+            ordered = dl.wants_order(b, NUM_KV_HEADS, device)
             cells.append(
                 f"engine with the new token's norm, RoPE and store={timed(batch, None, ordered, True)}"
             )
@@ -535,7 +546,7 @@ def sweep_ragged(dtype, device, timer: Timer, tiny: bool) -> None:
         for fused in (False, True):
             cells = []
             for cfg in [(16, 4, 1)] if tiny else DECODE_SWEEP:
-                pa.DECODE_CONFIGS[key] = cfg
+                dl.DECODE_CONFIGS[key] = cfg
                 try:
                     cells.append(f"{cfg}={timed(batch, 1, ordered, fused)}")
                 except Exception as exc:  # a config the chip cannot hold
@@ -543,7 +554,7 @@ def sweep_ragged(dtype, device, timer: Timer, tiny: bool) -> None:
             what = "with the new token fused" if fused else "engine dispatch"
             print(f"  B={b} (BLOCK_N, warps, stages), {what}: {'  '.join(cells)}")
     finally:
-        pa.DECODE_CONFIGS[key] = default
+        dl.DECODE_CONFIGS[key] = default
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -904,15 +915,15 @@ def sweep_lm_head(dtype, device, timer: Timer, tiny: bool, reps: int = 10) -> No
     (W is 311 MB in bf16, several times the L2: every call streams it from HBM); CUDA-graph replay of 4
     calls, the seed read from the device as the engine's graphs do; TB/s of W bytes. Each config is
     checked: its tokens equal sample_tokens on the logits it writes (`ok`), logits err vs F.linear."""
+    from kernels._jit import sm_count
     from kernels.lm_head_sample import choose_config, lm_head_sample
-    from kernels.paged_attention import _sm_count
     from kernels.sampling import sample_tokens
 
     n, k = (200, 32) if tiny else (VOCAB, HIDDEN)
     w = _randn(n, k, dtype=dtype, device=device) * k**-0.5 * 3
     tb = w.numel() * w.element_size() / 1e12
     timed = timer.eager if device.type != "cuda" else lambda fn: _streamed(lambda i: fn(), 4, reps)
-    sms = _sm_count(device) if device.type == "cuda" else 1
+    sms = sm_count(device) if device.type == "cuda" else 1
     us = lambda t: f"{t * 1e6:8.2f} us ({tb / t:.2f} TB/s)"
     how = "graph replay" if device.type == "cuda" else "eager, interpreted"
     print(f"# lm_head + sampling, W {n}x{k} {dtype}: us per call ({how}), TB/s of W bytes; "

@@ -6,7 +6,7 @@ decode steps have, timed from CUDA graphs, per tile configuration.
     python -m bench.w2_attention --tiny                # a few small steps on the CPU (Triton's interpreter)
     python -m bench.w2_attention --layouts "shuffled engine contiguous" --configs 128,4,3
     python -m bench.w2_attention --new-token "fused folded none" --configs 128,4,3
-    python -m bench.w2_attention --set kernels.paged_attention.TABLE_REGS_MAX=2048 --configs 128,4,3
+    python -m bench.w2_attention --set kernels.decode_launch.TABLE_REGS_MAX=2048 --configs 128,4,3
 
 W2 (../shared/reference/benchmarks.md) decodes 256 sequences of 100-1,024 prompt tokens, each for its
 own 100-1,024 tokens: its steps go from batch 256 at ~600 keys to a few sequences at ~2,000. Each sampled
@@ -116,7 +116,7 @@ def _qkv_weights(dtype, device) -> list[torch.Tensor]:
 def _project_attend(mode: str, pool, tables, seq_lens, new, order, bound) -> None:
     """One step's qkv projection and decode attention over every layer's weights: `gemm` (cuBLAS, then
     the folded launch) or `epilogue` (kernels.qkv_new_token, then the cache walked alone)."""
-    from kernels import paged_attention as pa
+    from kernels import decode_attention as da
     from kernels.qkv_new_token import qkv_new_token
 
     h = new.row_scale
@@ -129,21 +129,21 @@ def _project_attend(mode: str, pool, tables, seq_lens, new, order, bound) -> Non
             q = qkv_new_token(h, w, NUM_HEADS, NUM_KV_HEADS, new.q_norm_weight, new.k_norm_weight, new.eps,
                               new.row_eps, new.positions, new.cos_sin, *pool, new.slot_mapping)  # fmt: skip
             nt = None
-        pa.paged_decode_attention(q, pool[0], pool[1], tables, seq_lens, HEAD_DIM**-0.5, max_seq_len=bound,
+        da.paged_decode_attention(q, pool[0], pool[1], tables, seq_lens, HEAD_DIM**-0.5, max_seq_len=bound,
                                   new_token=nt, order=order)  # fmt: skip
 
 
 def _attend(q, pool, tables, seq_lens, new, separate: bool, order, bound):
     """One step's decode attention: the new token's work (NewTokenQK, or None) in the launch, or with
     `separate` as qk_norm_rope_store_kv's launch and then the attention over the cache."""
-    from kernels import paged_attention as pa
+    from kernels import decode_attention as da
     from kernels.qk_norm_rope import qk_norm_rope_store_kv
 
     if separate:
         qk_norm_rope_store_kv(q, new.k, new.v, new.q_norm_weight, new.k_norm_weight, new.eps, new.positions,
                               new.cos_sin, pool[0], pool[1], new.slot_mapping)  # fmt: skip
         new = None
-    return pa.paged_decode_attention(
+    return da.paged_decode_attention(
         q, pool[0], pool[1], tables, seq_lens, HEAD_DIM**-0.5, max_seq_len=bound, new_token=new, order=order
     )
 
@@ -159,7 +159,7 @@ def replay(
     new_tokens: tuple[str, ...] = ("fused",),
     table_width: int = 0,
 ) -> None:
-    from kernels import paged_attention as pa
+    from kernels import decode_launch as dl
 
     steps = w2_steps(stride, tiny)
     eng, used = engine_tables(tiny)
@@ -167,7 +167,7 @@ def replay(
     shape = (blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
     pool = _randn(*shape, dtype=dtype, device=device), _randn(*shape, dtype=dtype, device=device)
     keys = ("interpret",) if device.type == "cpu" else ("16bit_wide", "16bit_wide_table", "16bit")
-    saved = {k: pa.DECODE_CONFIGS[k] for k in keys}
+    saved = {k: dl.DECODE_CONFIGS[k] for k in keys}
     try:
         for layout in layouts:
             for new_token in new_tokens:
@@ -180,20 +180,20 @@ def replay(
                 ]
                 _replay(configs, keys, batches, pool, stride, timer, device)
     finally:
-        pa.DECODE_CONFIGS.update(saved)
+        dl.DECODE_CONFIGS.update(saved)
 
 
 def _replay(configs, keys, batches, pool, stride: int, timer: Timer, device) -> None:
     """Times every config over one layout's steps (DECODE_CONFIGS[keys] set to each in turn)."""
-    from kernels import paged_attention as pa
+    from kernels import decode_launch as dl
 
     totals = {}
     for cfg in configs:
         for k in keys:  # the wide steps' tile and the split steps' alike
-            pa.DECODE_CONFIGS[k] = cfg
+            dl.DECODE_CONFIGS[k] = cfg
         total, cells = 0.0, []
         for t, ctx, (q, tables, seq_lens, new, mode) in batches:
-            order = pa.longest_first(seq_lens) if pa.wants_order(len(ctx), NUM_KV_HEADS, device) else None
+            order = dl.longest_first(seq_lens) if dl.wants_order(len(ctx), NUM_KV_HEADS, device) else None
             bound = tables.shape[1] * BLOCK_SIZE
             if mode in ("gemm", "epilogue"):  # every layer's projection in the timed graph
                 fn = lambda tb=tables, sl=seq_lens, nt=new, mode=mode, o=order, m=bound: _project_attend(

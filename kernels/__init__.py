@@ -2,7 +2,10 @@
 
 reference.py        torch references: the semantics, and the CPU path
 dispatch.py         the one dispatch point (CHATLOOM_KERNELS=torch forces the references)
-paged_attention.py  paged prefill/extend (causal, GQA, cached prefix, optional split-K) and split-K decode
+prefill_attention.py  paged prefill/extend (causal, GQA, cached prefix, optional split-K)
+decode_attention.py   paged split-K decode (the new token's q/k work optionally fused)
+decode_launch.py      the decode attention's checks, split count, tiles and arguments
+attention_tiles.py    the online-softmax tile steps and split merge both attention kernels share
 kv_cache.py         store_kv: new K/V rows into the paged cache
 qk_norm_rope.py     fused q/k RMSNorm + RoPE + store_kv (one launch per layer before attention)
 rmsnorm.py          rms_norm, fused residual-add + rms_norm

@@ -166,3 +166,16 @@ def arrival_counters(owner: str, size: int, device: torch.device) -> torch.Tenso
     if key not in _COUNTERS:
         _COUNTERS[key] = torch.zeros(size, dtype=torch.int32, device=device)
     return _COUNTERS[key]
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (cached per device index); 4 for any other device."""
+    if device.type != "cuda":
+        return 4
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]

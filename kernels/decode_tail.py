@@ -39,8 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._jit import arrival_counters, is_interpreting, kernel, next_pow2
-from kernels.paged_attention import _sm_count
+from kernels._jit import arrival_counters, is_interpreting, kernel, next_pow2, sm_count
 from kernels.reference import TailWeights
 
 
@@ -275,7 +274,7 @@ MAX_PER_THREAD = 128  # weight elements (x BLOCK_M) a thread holds for one stage
 def _plan(h: int, a: int, inter: int, nq: int, cfg: TailConfig, device: torch.device, interpreting: bool):
     """(programs, [(rows, tile height)] per stage): every program owns `rows` whole rows of each weight."""
     # no GPU: one SM in the interpreter, the H200's 132 to compile its kernel on a machine without one
-    sms = _sm_count(device) if device.type == "cuda" else (1 if interpreting else 132)
+    sms = sm_count(device) if device.type == "cuda" else (1 if interpreting else 132)
     programs = sms * cfg.programs_per_sm
     slices = []
     for n in (h, 2 * inter, h, nq):

@@ -49,7 +49,7 @@ SHARED_LIMIT = 227 << 10  # dynamic shared memory a program may hold on sm_90
 NUM_WARPS = 16
 # The next qkv's boxes are copied into gate_up's buffers once stage 2 is done with them (they are issued
 # after the barrier that follows stage 2) where the plan allows it (TmaPlan.alias): 152 KB of shared
-# memory a program instead of 216 KB, so a decode attention program (kernels.paged_attention.PEEL_TILE)
+# memory a program instead of 216 KB, so a decode attention program (kernels.decode_launch.PEEL_TILE)
 # fits beside it on the SM: the next layer's attention is resident, its first K/V tile asked for, while
 # the tail runs, and the next tail's programs land beside the attention's.
 

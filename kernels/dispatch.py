@@ -16,7 +16,7 @@ Differences of the Triton path that callers must respect (the references are pur
   apply_rope + store_kv: one launch instead of four per layer, for launch-bound decode steps.
 - `decode_layer_tail` may consume `residual` (as `add_rms_norm_linear`); use the returned one.
 - `decode_attention` takes `out`, `max_seq_len`, `num_splits` (python ints) and is CUDA-graph safe;
-  see kernels.paged_attention.paged_decode_attention. A sequence of length 0 yields zeros (the
+  see kernels.decode_attention.paged_decode_attention. A sequence of length 0 yields zeros (the
   reference yields NaN).
 """
 
@@ -94,7 +94,7 @@ def paged_attention(
             q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, sliding_window, alibi_slopes
         )
         return res if out is None else out.copy_(res)
-    from kernels.paged_attention import paged_prefill_attention
+    from kernels.prefill_attention import paged_prefill_attention
 
     if not max_seqlen_q:  # unknown (None, or a metadata default of 0): one host sync
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if seq_lens.numel() else 0
@@ -106,7 +106,7 @@ def paged_attention(
 
 def prefill_query_tile(dtype: torch.dtype, device: torch.device) -> int:
     """Queries per program of paged_attention on this device: the query_tile of prefill_tile_map."""
-    from kernels.paged_attention import prefill_block_m
+    from kernels.prefill_attention import prefill_block_m
 
     return prefill_block_m(dtype, device)
 
@@ -114,7 +114,7 @@ def prefill_query_tile(dtype: torch.dtype, device: torch.device) -> int:
 def prefill_tile_map(q_lens, query_tile: int, num_tiles: int):
     """(2, num_tiles) int32 numpy map [sequence | query tile] of the query tiles of sequences with q_lens
     new tokens each (-1 past them), for paged_attention's tile_map."""
-    from kernels.paged_attention import prefill_tile_map as tile_map
+    from kernels.prefill_attention import prefill_tile_map as tile_map
 
     return tile_map(q_lens, query_tile, num_tiles)
 
@@ -140,7 +140,7 @@ def decode_attention(
             q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, alibi_slopes
         )
         return res if out is None else out.copy_(res)
-    from kernels.paged_attention import paged_decode_attention
+    from kernels.decode_attention import paged_decode_attention
 
     return paged_decode_attention(
         q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, alibi_slopes,
@@ -154,7 +154,7 @@ def decode_order(seq_lens: torch.Tensor, num_kv_heads: int) -> torch.Tensor | No
     are not Triton's)."""
     if not use_triton(seq_lens):
         return None
-    from kernels.paged_attention import longest_first, wants_order
+    from kernels.decode_launch import longest_first, wants_order
 
     return longest_first(seq_lens) if wants_order(seq_lens.shape[0], num_kv_heads, seq_lens.device) else None
 
@@ -659,7 +659,8 @@ def qk_norm_rope_decode_attention(
             q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, max_seq_len=max_seq_len,
             order=order,
         )  # fmt: skip
-    from kernels.paged_attention import NewTokenQK, paged_decode_attention
+    from kernels.decode_attention import paged_decode_attention
+    from kernels.decode_launch import NewTokenQK
 
     q_norm_weight, k_norm_weight = weights
     h, h_eps = row_scale if row_scale is not None else (None, 0.0)

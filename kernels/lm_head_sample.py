@@ -30,8 +30,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._jit import arrival_counters, interpret_forced, is_interpreting, kernel, next_pow2, recording
-from kernels.paged_attention import _sm_count
+from kernels._jit import (
+    arrival_counters,
+    interpret_forced,
+    is_interpreting,
+    kernel,
+    next_pow2,
+    recording,
+    sm_count,
+)
 from kernels.publish import ring_target, write_ring_row
 from kernels.sampling import _inv_temperature, _race_scores, _uniforms
 
@@ -184,7 +191,7 @@ def choose_config(
         raise ValueError(f"block_n must be a power of two >= 4 (Philox draws come in fours), got {block_n}")
     most = min(triton.cdiv(n, block_n), MAX_PROGRAMS)
     if num_programs is None:
-        sms = _sm_count(device) if device.type == "cuda" else 132
+        sms = sm_count(device) if device.type == "cuda" else 132
         num_programs = min(most, 8 if interp else (8 if m == 1 else 4) * sms)
     if not 1 <= num_programs <= most:
         raise ValueError(f"num_programs must be in [1, {most}] for block_n {block_n}, got {num_programs}")

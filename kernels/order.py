@@ -1,4 +1,4 @@
-"""The decode rows longest first (kernels.paged_attention's `order`) in one launch.
+"""The decode rows longest first (kernels.decode_attention's `order`) in one launch.
 
 Each row's place is its rank: the rows longer than it, plus the rows as long with a lower index (so
 ties keep index order, as reference.longest_first). Programs of BLOCK_I rows count over the batch in

@@ -3,7 +3,7 @@ q = x @ W_q^T, k and v likewise, from the residual stream x read un-normalized (
 folded into W, engine.models.llama's fold_norms), then per head the q/k RMSNorm and RoPE, k and v times
 1 / rms(x's row) where no q/k norm cancels it, k and v written into their cache slots and q returned
 (matches reference.qkv_new_token). The decode attention after it only walks the cache
-(kernels.paged_attention without a NewTokenQK): the wide decode steps' attention launch no longer runs
+(kernels.decode_attention without a NewTokenQK): the wide decode steps' attention launch no longer runs
 the new token's chain of loads and reductions before its first tile.
 
 One program computes one head (head_dim columns, as two halves: RoPE pairs column j with j + half) for

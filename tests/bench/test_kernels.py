@@ -34,15 +34,15 @@ def test_tiny_cpu_sweep_covers_the_fused_decode_launch(capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny CPU run is for machines without CUDA")
 def test_tiny_cpu_sweep_of_prefill_only_with_a_switch_set(capsys, monkeypatch):
-    from kernels import paged_attention
+    from kernels import decode_launch
 
-    monkeypatch.setattr(paged_attention, "PEEL_STAGES", 1)  # restored after the run sets it
-    switch = "kernels.paged_attention.PEEL_STAGES=2"
+    monkeypatch.setattr(decode_launch, "PEEL_STAGES", 1)  # restored after the run sets it
+    switch = "kernels.decode_launch.PEEL_STAGES=2"
     assert bench.main(["--tiny", "--sweep", "--only", "prefill", "--reps", "1", "--set", switch]) == 0
-    assert paged_attention.PEEL_STAGES == 2
+    assert decode_launch.PEEL_STAGES == 2
     out = capsys.readouterr().out
-    assert "# set kernels.paged_attention.PEEL_STAGES = 2" in out and "prefill 2x16 ctx=16: best" in out
-    assert "decode" not in out  # neither the decode sweep nor the fused decode launch's
+    assert "# set kernels.decode_launch.PEEL_STAGES = 2" in out and "prefill 2x16 ctx=16: best" in out
+    assert "decode" not in out.split("\n", 1)[1]  # past the set line: neither decode sweep ran
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny CPU run is for machines without CUDA")
@@ -99,7 +99,7 @@ def test_w2_replay_help_and_steps(capsys):
 @pytest.mark.slow
 def test_w2_replay_tiny_cpu_run(capsys, monkeypatch):
     from bench import w2_attention as bench_w2
-    from kernels import paged_attention
+    from kernels import decode_launch
 
     assert bench_w2.main(["--tiny", "--layouts", "engine contiguous", "--new-token", "folded none"]) == 0
     out = capsys.readouterr().out
@@ -115,7 +115,7 @@ def test_w2_replay_tiny_cpu_run(capsys, monkeypatch):
     assert "# layout engine, new token gemm" in out and "# layout engine, new token epilogue" in out
     assert out.count("(16, 4, 1): W2 total") == 2
     # tables as wide as a long max_model_len makes them, wider than the registers hold (part held)
-    monkeypatch.setattr(paged_attention, "TABLE_REGS_MAX", 2)
+    monkeypatch.setattr(decode_launch, "TABLE_REGS_MAX", 2)
     assert bench_w2.main(["--tiny", "--layouts", "engine", "--table-width", "40"]) == 0
     out = capsys.readouterr().out
     assert "# layout engine, new token fused, table width 40" in out and "(16, 4, 1): W2 total" in out
@@ -123,8 +123,8 @@ def test_w2_replay_tiny_cpu_run(capsys, monkeypatch):
         bench_w2.main(["--tiny", "--new-token", "unfused"])
     assert "--new-token: unknown 'unfused'" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # a switch that does not exist stops it before anything runs
-        bench_w2.main(["--tiny", "--set", "kernels.paged_attention.NO_SUCH=1"])
-    assert "kernels.paged_attention has no NO_SUCH" in capsys.readouterr().err
+        bench_w2.main(["--tiny", "--set", "kernels.decode_launch.NO_SUCH=1"])
+    assert "kernels.decode_launch has no NO_SUCH" in capsys.readouterr().err
 
 
 def test_w2_replay_separate_equals_fused():

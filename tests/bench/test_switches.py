@@ -8,14 +8,14 @@ import pytest
 
 from bench import switches as bench_switches
 from bench import workloads as bench
-from kernels import paged_attention, pdl
+from kernels import decode_launch, pdl
 
 
 def test_parse():
     parsed = bench_switches.parse("kernels.pdl.PDL=False")
     assert parsed == ("kernels.pdl", "PDL", False)
-    assert bench_switches.parse(" kernels.paged_attention.TABLE_REGS_MAX = 2") == (
-        "kernels.paged_attention", "TABLE_REGS_MAX", 2,
+    assert bench_switches.parse(" kernels.decode_launch.TABLE_REGS_MAX = 2") == (
+        "kernels.decode_launch", "TABLE_REGS_MAX", 2,
     )  # fmt: skip
 
 
@@ -39,19 +39,19 @@ def test_refusals(spec, message):
 
 def test_apply_sets_all_or_nothing(monkeypatch):
     monkeypatch.setattr(pdl, "PDL", True)
-    monkeypatch.setattr(paged_attention, "PEEL_STAGES", 1)
-    monkeypatch.setattr(paged_attention, "TABLE_REGS_MAX", 512)
-    bad = ["kernels.pdl.PDL=False", "kernels.paged_attention.PEEL_STAGES=2.5"]
+    monkeypatch.setattr(decode_launch, "PEEL_STAGES", 1)
+    monkeypatch.setattr(decode_launch, "TABLE_REGS_MAX", 512)
+    bad = ["kernels.pdl.PDL=False", "kernels.decode_launch.PEEL_STAGES=2.5"]
     with pytest.raises(ValueError):  # the second is wrong: the first is not set either
         bench_switches.apply(bad)
     assert pdl.PDL is True
-    specs = ["kernels.paged_attention.PEEL_STAGES=2", "kernels.paged_attention.TABLE_REGS_MAX=2"]
+    specs = ["kernels.decode_launch.PEEL_STAGES=2", "kernels.decode_launch.TABLE_REGS_MAX=2"]
     done = bench_switches.apply(specs)
     assert done == {
-        "kernels.paged_attention.PEEL_STAGES": 2,
-        "kernels.paged_attention.TABLE_REGS_MAX": 2,
+        "kernels.decode_launch.PEEL_STAGES": 2,
+        "kernels.decode_launch.TABLE_REGS_MAX": 2,
     }
-    assert paged_attention.PEEL_STAGES == 2 and paged_attention.TABLE_REGS_MAX == 2
+    assert decode_launch.PEEL_STAGES == 2 and decode_launch.TABLE_REGS_MAX == 2
 
 
 def test_apply_sets_the_running_program_when_it_is_the_module(monkeypatch):

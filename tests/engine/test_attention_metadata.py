@@ -29,13 +29,13 @@ def test_no_order_without_triton_kernels():
 
 
 def test_order_is_longest_first_and_decided_once(monkeypatch):
-    from kernels import paged_attention as pa
+    from kernels import decode_launch as dl
 
     asked = []
 
     def decode_order(seq_lens, hk):  # dispatch.decode_order as on a GPU that takes batches >= 3
         asked.append((seq_lens.shape[0], hk))
-        return pa.longest_first(seq_lens) if seq_lens.shape[0] >= 3 else None
+        return dl.longest_first(seq_lens) if seq_lens.shape[0] >= 3 else None
 
     monkeypatch.setattr(attention.ops, "decode_order", decode_order)
     meta = _meta([5, 9, 1, 7])

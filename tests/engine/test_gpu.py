@@ -109,18 +109,18 @@ def test_batch_one_layers_match_hf(ckpt, tma, monkeypatch):
 
 def test_wide_batch_longest_first_matches_plain_dispatch(ckpt, monkeypatch):
     """Decode batches of a wave or more of (sequence, KV head) programs run longest first, a sequence's
-    KV heads side by side (kernels.paged_attention.wants_order; the order sorted on the device once per
+    KV heads side by side (kernels.decode_launch.wants_order; the order sorted on the device once per
     step, inside the graphs too): the same greedy tokens as the dispatch in row order, with CUDA graphs
     and eager."""
-    from kernels import paged_attention as pa
+    from kernels import decode_launch as dl
 
     rng = random.Random(11)
     ps = [[rng.randint(0, 10000) for _ in range(rng.randint(1, 400))] for _ in range(40)]
-    assert pa.wants_order(len(ps), SHAPE["num_key_value_heads"], torch.device("cuda"))
+    assert dl.wants_order(len(ps), SHAPE["num_key_value_heads"], torch.device("cuda"))
     got = {}
     for on in (True, False):
         if not on:
-            monkeypatch.setattr(pa, "wants_order", lambda *args: False)
+            monkeypatch.setattr(dl, "wants_order", lambda *args: False)
         for eager in (False, True):
             llm = LLM(ckpt, dtype="bfloat16", max_model_len=1024, enforce_eager=eager)
             got[on, eager] = [o.token_ids for o in llm.generate(ps, GREEDY)]

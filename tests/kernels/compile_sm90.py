@@ -35,12 +35,14 @@ TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", t
 
 
 def _launches(dtype: torch.dtype):
-    from kernels import paged_attention as pa
+    from kernels import prefill_attention as pf
     from kernels.activation import silu_and_mul
     from kernels.bitmask import apply_token_bitmask_
+    from kernels.decode_attention import paged_decode_attention
+    from kernels.decode_launch import NewTokenQK
     from kernels.kv_cache import store_kv
     from kernels.order import longest_first
-    from kernels.paged_attention import NewTokenQK, paged_decode_attention, paged_prefill_attention
+    from kernels.prefill_attention import paged_prefill_attention
     from kernels.qk_norm_rope import qk_norm_rope_store_kv
     from kernels.rmsnorm import fused_add_rms_norm, rms_norm
     from kernels.rope import apply_rope
@@ -52,7 +54,7 @@ def _launches(dtype: torch.dtype):
                 paged_prefill_attention(q, kc, vc, bt, cu, sl, 100, 0.1, window, slopes, num_splits=splits)
             for splits in (1, 16):
                 paged_decode_attention(q[:2], kc, vc, bt, sl, 0.1, window, slopes, num_splits=splits)
-            tiles = torch.from_numpy(pa.prefill_tile_map(np.array([100, 1]), 64, 6))  # as engine.batch_graphs
+            tiles = torch.from_numpy(pf.prefill_tile_map(np.array([100, 1]), 64, 6))  # as engine.batch_graphs
             paged_prefill_attention(q, kc, vc, bt, cu, sl, 1, 0.1, window, slopes, tile_map=tiles)
         if dtype != torch.float32:
             k = torch.randn(5, 8, 128).to(dtype)

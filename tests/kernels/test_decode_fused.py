@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import paged_attention
+from kernels import decode_launch
 from kernels import reference as ref
-from kernels.paged_attention import NewTokenQK, paged_decode_attention
+from kernels.decode_attention import paged_decode_attention
+from kernels.decode_launch import NewTokenQK
 from tests.kernels.paged import ATOL, GPU_ATOL, gpu, make_paged, max_err
 
 H, HK, D = 4, 2, 16
@@ -70,7 +71,7 @@ def test_fused_decode_matches_reference(dtype, num_splits, norm, batch_one, tabl
     whole, or ("part") two entries of it at a time, each 16-key chunk's entries read after the chunk
     before."""
     if table == "part":
-        monkeypatch.setattr(paged_attention, "TABLE_REGS_MAX", 2)
+        monkeypatch.setattr(decode_launch, "TABLE_REGS_MAX", 2)
     ctx = [70] if batch_one else [37, 5, 70]
     case = _case(dtype, ctx, norm=norm)
     out, kc, vc = _fused(*case, num_splits=num_splits)
@@ -206,7 +207,7 @@ def test_gpu_peeled_batch_one_equals_two_launches(tile, heads, monkeypatch):
     later one, against qk_norm_rope_store_kv + the unpeeled decode launch."""
     from kernels.qk_norm_rope import qk_norm_rope_store_kv
 
-    monkeypatch.setattr(paged_attention, "PEEL_TILE", tile)
+    monkeypatch.setattr(decode_launch, "PEEL_TILE", tile)
     h, hk = heads
     scale = 128**-0.5
     bad = []

@@ -6,14 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import paged_attention as pa
+from kernels import decode_launch as dl
+from kernels import prefill_attention as pf
 from kernels import reference as ref
-from kernels.paged_attention import (
-    choose_num_splits,
-    choose_prefill_splits,
-    paged_decode_attention,
-    paged_prefill_attention,
-)
+from kernels.decode_attention import paged_decode_attention
+from kernels.decode_launch import choose_num_splits
+from kernels.prefill_attention import choose_prefill_splits, paged_prefill_attention
 from tests.kernels.paged import ATOL, GPU_ATOL, alibi_slopes, capture, gpu, make_paged, max_err
 
 H, HK, D = 4, 2, 16  # GQA: 2 query heads per KV head
@@ -88,12 +86,12 @@ def test_prefill_skips_empty_sequences_and_small_max_seqlen_q_tiles():
 
 
 def test_prefill_tile_map_lists_each_sequences_query_tiles():
-    got = pa.prefill_tile_map(np.array([3, 0, 9, 1]), 4, 7)
+    got = pf.prefill_tile_map(np.array([3, 0, 9, 1]), 4, 7)
     assert got.dtype == np.int32 and got.tolist() == [[0, 2, 2, 2, 3, -1, -1], [0, 0, 1, 2, 0, -1, -1]]
-    assert pa.prefill_tile_map(np.array([], dtype=np.int64), 4, 2).tolist() == [[-1, -1], [-1, -1]]
+    assert pf.prefill_tile_map(np.array([], dtype=np.int64), 4, 2).tolist() == [[-1, -1], [-1, -1]]
     with pytest.raises(ValueError, match="do not fit"):
-        pa.prefill_tile_map(np.array([9]), 4, 2)
-    assert pa.prefill_block_m(torch.float32, torch.device("cpu")) == pa.PREFILL_CONFIGS["interpret"][0]
+        pf.prefill_tile_map(np.array([9]), 4, 2)
+    assert pf.prefill_block_m(torch.float32, torch.device("cpu")) == pf.PREFILL_CONFIGS["interpret"][0]
 
 
 def _tile_mapped(ctx, qlens, pad_seqs, map_tiles, num_splits=None, device="cpu", dtype=torch.float32):
@@ -101,8 +99,8 @@ def _tile_mapped(ctx, qlens, pad_seqs, map_tiles, num_splits=None, device="cpu",
     context, a tile map longer than the batch needs, rows past the batch's tokens left unwritten."""
     q, kc, vc, bt, cu, sl = make_paged(ctx + [0] * pad_seqs, qlens + [0] * pad_seqs, H, HK, D, 16, dtype,
                                        device)  # fmt: skip
-    block_m = pa.prefill_block_m(dtype, q.device)
-    tiles = torch.from_numpy(pa.prefill_tile_map(np.array(qlens), block_m, map_tiles)).to(device)
+    block_m = pf.prefill_block_m(dtype, q.device)
+    tiles = torch.from_numpy(pf.prefill_tile_map(np.array(qlens), block_m, map_tiles)).to(device)
     out = torch.full_like(q, 7.0)
     paged_prefill_attention(q, kc, vc, bt, cu, sl, 1, SCALE, out=out, tile_map=tiles, num_splits=num_splits)
     return out, ref.paged_attention(q, kc, vc, bt, cu, sl, SCALE)
@@ -112,7 +110,7 @@ def _tile_mapped(ctx, qlens, pad_seqs, map_tiles, num_splits=None, device="cpu",
 def test_prefill_tile_map_matches_reference(num_splits):
     # decodes (one new token), a fresh prompt, a chunk after a cached prefix, then two empty sequences
     ctx, qlens = [20, 37, 19, 50], [1, 1, 19, 6]
-    map_tiles = sum(-(-n // pa.PREFILL_CONFIGS["interpret"][0]) for n in qlens) + 5
+    map_tiles = sum(-(-n // pf.PREFILL_CONFIGS["interpret"][0]) for n in qlens) + 5
     out, expect = _tile_mapped(ctx, qlens, 2, map_tiles, num_splits)
     assert max_err(out, expect) < ATOL[torch.float32]
     with pytest.raises(ValueError, match="tile_map"):
@@ -139,7 +137,7 @@ def test_decode_matches_reference(dtype, block_size, num_splits):
     8 splits of 75 keys leave some splits empty."""
     out, args = _decode(dtype, block_size, DECODE_CTX, num_splits)
     assert max_err(out, ref.decode_attention(*args)) < ATOL[dtype]
-    launch = pa.decode_launch(*args[:6], num_splits=num_splits)
+    launch = dl.decode_launch(*args[:6], num_splits=num_splits)
     assert launch.consts["BLOCK_T"] >= args[3].shape[1]  # the row's entries held in registers
 
 
@@ -154,8 +152,8 @@ def test_decode_table_wider_than_registers_holds_part_of_it(regs_max, window, al
     whole row held (the same tiles in the same order)."""
     out, args = _decode(torch.float32, 16, DECODE_CTX, num_splits, window, alibi)
     assert max_err(out, ref.decode_attention(*args)) < ATOL[torch.float32]
-    monkeypatch.setattr(pa, "TABLE_REGS_MAX", regs_max)
-    launch = pa.decode_launch(*args[:6], num_splits=num_splits, sliding_window=window, alibi_slopes=args[-1])
+    monkeypatch.setattr(dl, "TABLE_REGS_MAX", regs_max)
+    launch = dl.decode_launch(*args[:6], num_splits=num_splits, sliding_window=window, alibi_slopes=args[-1])
     held = max(1 << (regs_max.bit_length() - 1), 2)  # at least a 16-key tile's chunk (one entry more)
     assert launch.consts["BLOCK_T"] == held and launch.consts["TABLE_PART"]
     part, _ = _decode(torch.float32, 16, DECODE_CTX, num_splits, window, alibi)
@@ -197,11 +195,11 @@ def test_decode_order_and_head_major_change_no_value():
     ctx = [3, 75, 20, 1, 48]
     q, kc, vc, bt, _, sl = make_paged(ctx, [1] * len(ctx), H, HK, D, 16, torch.float32)
     plain = paged_decode_attention(q, kc, vc, bt, sl, SCALE, num_splits=1)
-    assert pa.wants_order(len(ctx), HK, q.device)
-    launch = pa.decode_launch(q, kc, vc, bt, sl, SCALE, num_splits=1, order=torch.zeros(5, dtype=torch.int32))
+    assert dl.wants_order(len(ctx), HK, q.device)
+    launch = dl.decode_launch(q, kc, vc, bt, sl, SCALE, num_splits=1, order=torch.zeros(5, dtype=torch.int32))
     assert launch.grid == (HK, 5, 1) and launch.consts["ORDERED"] and launch.consts["HEAD_MAJOR"]
-    assert pa.decode_launch(q, kc, vc, bt, sl, SCALE, num_splits=2).grid == (5, HK, 2)
-    order = pa.longest_first(sl)
+    assert dl.decode_launch(q, kc, vc, bt, sl, SCALE, num_splits=2).grid == (5, HK, 2)
+    order = dl.longest_first(sl)
     assert order.dtype == torch.int32 and order.tolist() == [1, 4, 2, 0, 3]
     ordered = paged_decode_attention(q, kc, vc, bt, sl, SCALE, num_splits=1, order=order)
     assert torch.equal(ordered, plain)
@@ -212,7 +210,7 @@ def test_decode_order_and_head_major_change_no_value():
 
 def test_wants_order():
     cpu = torch.device("cpu")  # counted as 4 SMs
-    assert pa.wants_order(2, 2, cpu) and not pa.wants_order(1, 2, cpu)
+    assert dl.wants_order(2, 2, cpu) and not dl.wants_order(1, 2, cpu)
 
 
 def test_choose_num_splits():
@@ -272,7 +270,7 @@ def test_gpu_prefill(dtype, block_size, window, alibi, splits):
 @gpu
 def test_gpu_prefill_tile_map_in_cuda_graph():
     # one capture replayed over two batches of other lengths, as engine.batch_graphs does
-    block_m = pa.prefill_block_m(torch.bfloat16, torch.device("cuda"))
+    block_m = pf.prefill_block_m(torch.bfloat16, torch.device("cuda"))
     batches = [([300, 513, 128, 77], [300, 130, 1, 64]), ([40, 1000, 9, 0], [1, 700, 9, 0])]
     made = [make_paged(c, q, GPU_H, GPU_HK, GPU_D, 16, torch.bfloat16, "cuda", spare_blocks=80, seed=i)
             for i, (c, q) in enumerate(batches)]  # fmt: skip
@@ -299,7 +297,7 @@ def test_gpu_prefill_tile_map_in_cuda_graph():
         bt[:, : t.shape[1]] = t
         cu.copy_(c)
         sl.copy_(s)
-        tiles.copy_(torch.from_numpy(pa.prefill_tile_map(np.diff(c.cpu().numpy()), block_m, tiles.shape[1])))
+        tiles.copy_(torch.from_numpy(pf.prefill_tile_map(np.diff(c.cpu().numpy()), block_m, tiles.shape[1])))
         return q.shape[0]
 
     load(0)
@@ -337,7 +335,7 @@ def test_gpu_decode_table_wider_than_registers(num_splits):
     q, kc, vc, bt, _, sl = make_paged(ctx, [1] * len(ctx), GPU_H, GPU_HK, GPU_D, 16, torch.bfloat16, "cuda")
     wide = torch.nn.functional.pad(bt, (0, 2560 - bt.shape[1]))
     scale = GPU_D**-0.5
-    launch = pa.decode_launch(q, kc, vc, wide, sl, scale, num_splits=num_splits)
+    launch = dl.decode_launch(q, kc, vc, wide, sl, scale, num_splits=num_splits)
     assert launch.consts["TABLE_PART"] and launch.consts["BLOCK_T"] == 512
     out = paged_decode_attention(q, kc, vc, wide, sl, scale, num_splits=num_splits)
     expect = ref.decode_attention(*_fp32_args([q, kc, vc, bt, sl, scale]))
@@ -352,12 +350,12 @@ def test_gpu_wide_decode_longest_first_in_cuda_graph():
     rng = torch.Generator().manual_seed(3)
     ctx = torch.randint(1, 1500, (40,), generator=rng).tolist()
     q, kc, vc, bt, _, sl = make_paged(ctx, [1] * 40, GPU_H, GPU_HK, GPU_D, 16, torch.bfloat16, "cuda")
-    assert pa.wants_order(40, GPU_HK, q.device)
+    assert dl.wants_order(40, GPU_HK, q.device)
     scale = GPU_D**-0.5
     out = torch.empty_like(q)
 
     def step():
-        order = pa.longest_first(sl)  # as AttentionMetadata.decode_order sorts
+        order = dl.longest_first(sl)  # as AttentionMetadata.decode_order sorts
         paged_decode_attention(q, kc, vc, bt, sl, scale, out=out, num_splits=1, order=order)
 
     step()  # compile outside capture

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import paged_attention as pa
+from kernels import decode_launch as dl
 from kernels import pdl
 from kernels._jit import record_launches
 from tests.kernels.paged import make_paged
@@ -27,13 +27,13 @@ def test_decode_launch_asks_for_it_at_batch_one_or_after_a_release(monkeypatch):
     batch only after kernels.qkv_new_token (after_release), since cuBLAS does not."""
     q, kc, vc, bt, _, sl = make_paged([300, 64], [1, 1], 16, 8, 128, 16, torch.float16)
     with record_launches():
-        one = pa.decode_launch(q[:1], kc, vc, bt[:1], sl[:1], 0.1, num_splits=8)
-        two = pa.decode_launch(q, kc, vc, bt, sl, 0.1, num_splits=8)
+        one = dl.decode_launch(q[:1], kc, vc, bt[:1], sl[:1], 0.1, num_splits=8)
+        two = dl.decode_launch(q, kc, vc, bt, sl, 0.1, num_splits=8)
     assert one.consts["PDL"] == pdl._supported_by_triton()
     assert not two.consts["PDL"]
-    assert not pa.decode_launch(q[:1], kc, vc, bt[:1], sl[:1], 0.1, num_splits=8).consts["PDL"]  # CPU
+    assert not dl.decode_launch(q[:1], kc, vc, bt[:1], sl[:1], 0.1, num_splits=8).consts["PDL"]  # CPU
     with record_launches():
-        after = pa.decode_launch(q, kc, vc, bt, sl, 0.1, num_splits=1, after_release=True)
-        off = pa.decode_launch(q, kc, vc, bt, sl, 0.1, num_splits=1)
+        after = dl.decode_launch(q, kc, vc, bt, sl, 0.1, num_splits=1, after_release=True)
+        off = dl.decode_launch(q, kc, vc, bt, sl, 0.1, num_splits=1)
     assert after.consts["PDL"] == pdl._supported_by_triton()
     assert not off.consts["PDL"]

@@ -154,8 +154,8 @@ def test_gpu_attention_released_by_the_projection(m):
     the same bits as the attention launched without it, and the reference attention's result."""
     import random
 
+    from kernels.decode_attention import paged_decode_attention
     from kernels.order import longest_first
-    from kernels.paged_attention import paged_decode_attention
     from tests.kernels.paged import GPU_ATOL, capture, make_paged
 
     h, hk, d, hidden, bs = 16, 8, 128, 1024, 32
