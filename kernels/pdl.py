@@ -9,8 +9,8 @@ are visible. At batch 1 a layer is two launches (the fused decode attention and 
 latency-bound: the next launch's start and its first weight requests overlap the end of the one before
 (the attention's split merge on a few SMs, the tail's last stage).
 
-In a wide folded decode step (kernels.dispatch.QKV_EPILOGUE_MIN_M rows or more) the qkv projection with
-the new token's work (kernels.qkv_new_token) releases its successor at its start, and the decode
+In a wide folded decode step (kernels.dispatch_linear.QKV_EPILOGUE_MIN_M rows or more) the qkv projection
+with the new token's work (kernels.qkv_new_token) releases its successor at its start, and the decode
 attention after it reads its sequence's length, order entry and block-table row while the projection
 runs, then waits for q and the new K/V. The rows' order is sorted before the projection
 (engine.attention.projected_decode_attention), so nothing runs between the two.

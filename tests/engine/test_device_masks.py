@@ -10,7 +10,7 @@ from engine.device_masks import DeviceMasks
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
-from kernels import dispatch
+from kernels import dispatch, dispatch_pointwise
 
 VOCAB = 40  # two mask words: rows cross a word boundary
 
@@ -46,7 +46,8 @@ class _Keyed:
 @pytest.fixture
 def fused_on_cpu(monkeypatch):
     # the sampler takes its CUDA path (fused kernel, deferred masks) with CPU tensors
-    monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
+    for module in (dispatch, dispatch_pointwise):  # the sampler's ops and the bitmask's
+        monkeypatch.setattr(module, "use_triton", lambda t: True)
 
 
 def _sampler(capacity: int = 12) -> Sampler:

@@ -89,11 +89,10 @@ def test_batch_one_layers_match_hf(ckpt, tma, monkeypatch):
     """Requests one at a time (decode batch 1), where each layer's tail from o_proj to the next qkv is
     one launch (kernels.decode_tail, or with tma kernels.decode_tail_tma, which this model's shapes
     fit): greedy tokens equal HF's up to near-ties."""
-    from kernels import decode_tail_tma
-    from kernels import dispatch as ops
+    from kernels import decode_tail_tma, dispatch_linear
 
     if not tma:  # kernels.decode_tail, the fallback where the TMA tail does not fit
-        monkeypatch.setattr(ops, "_tail_tma", lambda x, w: None)
+        monkeypatch.setattr(dispatch_linear, "_tail_tma", lambda x, w: None)
     calls = []
     launch = decode_tail_tma.decode_layer_tail
     counted = lambda *a, **k: calls.append(1) or launch(*a, **k)
@@ -135,10 +134,10 @@ def test_folded_norms_match_hf(tmp_path_factory, monkeypatch, epilogue):
     build_model), so wide decode steps run no norm launch (dispatch.folded_decode_layer_tail: the residual
     adds in the cuBLAS GEMMs, 1 / rms applied by the SiLU and the decode attention). On norms that are
     not ones, greedy tokens equal HF's up to near-ties, with CUDA graphs and eager. With `epilogue`
-    (dispatch.QKV_EPILOGUE_MIN_M lowered to every folded step), the layers after the first project the
+    (dispatch_linear.QKV_EPILOGUE_MIN_M lowered to every folded step), the layers after the first project the
     residual with the new token's work in the projection (kernels.qkv_new_token)."""
     from engine.models.tiny import build_checkpoint
-    from kernels import dispatch
+    from kernels import dispatch, dispatch_linear
 
     path = build_checkpoint(tmp_path_factory.mktemp("gpu-norms"), "qwen3", shape=SHAPE, norm_spread=0.3)
     ps = prompts()
@@ -149,7 +148,8 @@ def test_folded_norms_match_hf(tmp_path_factory, monkeypatch, epilogue):
         dispatch, "folded_decode_layer_tail", lambda *a, **k: calls.append(1) or folded(*a, **k)
     )
     monkeypatch.setattr(dispatch, "qkv_new_token", lambda *a: projected.append(1) or qkv_new_token(*a))
-    monkeypatch.setattr(dispatch, "QKV_EPILOGUE_MIN_M", dispatch.FOLD_MIN_M if epilogue else 1 << 30)
+    epilogue_rows = dispatch_linear.FOLD_MIN_M if epilogue else 1 << 30
+    monkeypatch.setattr(dispatch_linear, "QKV_EPILOGUE_MIN_M", epilogue_rows)
     ties = {}
     for eager in (False, True):
         llm = LLM(path, dtype="bfloat16", max_model_len=1024, enforce_eager=eager)

@@ -148,7 +148,7 @@ def test_folded_norms_parity(checkpoint_factory, arch, epilogue, monkeypatch):
     weights whose norms are not ones; greedy tokens equal HF's up to near-ties. With `epilogue`, those
     steps' layers after the first project the residual with the new token's work in the projection
     (dispatch.qkv_new_token, which CUDA takes from QKV_EPILOGUE_MIN_M rows; here its reference)."""
-    from kernels import dispatch
+    from kernels import dispatch, dispatch_linear
 
     path = checkpoint_factory(arch, norm_spread=0.3)
     hf = HFReference(path)
@@ -174,6 +174,6 @@ def test_folded_norms_parity(checkpoint_factory, arch, epilogue, monkeypatch):
         monkeypatch.setattr(dispatch, "qkv_new_token", lambda *a: projected.append(1) or qkv_new_token(*a))
     prompts = make_prompts(seed=3, n=12)
     ties = assert_parity(hf, prompts, llm.generate(prompts, GREEDY))
-    assert calls and min(calls) >= dispatch.FOLD_MIN_M  # the wide decode steps took the folded tails
+    assert calls and min(calls) >= dispatch_linear.FOLD_MIN_M  # the wide decode steps took the folded tails
     assert len(projected) == (len(calls) if epilogue else 0)  # each folded tail's next layer projected
     print(f"{arch}/folded norms: {len(calls)} folded tails, near-tie divergences: {ties}")

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kernels import dispatch as ops
+from kernels import dispatch_linear
 from kernels import reference as ref
 from tests.kernels.paged import capture, gpu
 from tests.kernels.test_decode_tail import QWEN3_06B, _close, _weights
@@ -57,7 +58,7 @@ def test_fits_only_cuda_batch_one_without_biases():
 def test_dispatch_takes_the_cpu_ops_without_cuda():
     w = _weights(64, 96, 80, 160, torch.float32)
     a, res = _randn(1, 96, dtype=torch.float32, seed=1), _randn(1, 64, dtype=torch.float32, seed=2)
-    assert ops._tail_tma(a, w) is None
+    assert dispatch_linear._tail_tma(a, w) is None
     got, got_res = ops.decode_layer_tail(a, res.clone(), w)
     expect, expect_res = ref.decode_layer_tail(a, res, w)
     _close(got, expect, torch.float32, "out")
@@ -116,8 +117,8 @@ def test_gpu_back_to_back_launches_and_graph_replays():
 def test_gpu_dispatch_takes_it_at_batch_one():
     w = _weights(*QWEN3_06B, torch.bfloat16, device="cuda")
     a, res = _inputs()
-    assert ops._tail_tma(a, w) is tma
-    assert ops._tail_tma(torch.cat([a, a]), w) is None
+    assert dispatch_linear._tail_tma(a, w) is tma
+    assert dispatch_linear._tail_tma(torch.cat([a, a]), w) is None
     got, got_res = ops.decode_layer_tail(a, res, w)
     expect, expect_res = tma.decode_layer_tail(a, res, w)
     assert torch.equal(got, expect) and torch.equal(got_res, expect_res)

@@ -129,11 +129,11 @@ def test_the_epilogue_path_needs_sm90(monkeypatch):
     """dispatch takes the epilogue path (its tiles want sm_90's shared memory) only from compute
     capability 9: an sm_89 card keeps cuBLAS's projection and the fused attention launch. The device is
     stood in for (use_triton, the capability); everything else qkv_epilogue_fits asks is real."""
-    from kernels import dispatch
+    from kernels import dispatch, dispatch_linear
     from kernels import qkv_new_token as mod
 
-    monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
-    x = torch.zeros(dispatch.QKV_EPILOGUE_MIN_M, 1024, dtype=torch.bfloat16)
+    monkeypatch.setattr(dispatch_linear, "use_triton", lambda t: True)
+    x = torch.zeros(dispatch_linear.QKV_EPILOGUE_MIN_M, 1024, dtype=torch.bfloat16)
     w = torch.zeros(32 * 128, 1024, dtype=torch.bfloat16)
     try:
         for major, want in ((8, False), (9, True), (10, True)):
