@@ -873,7 +873,8 @@ def sweep_gemv(dtype, device, ms: list[int], reps: int = 10) -> None:
 
 
 def _sweep_norm_gemv(name: str, m: int, k: int, ws: list, dtype, device, reps: int) -> None:
-    from kernels.gemv import add_rms_norm_gemv, gemv
+    from kernels.gemv import gemv
+    from kernels.gemv_norm import add_rms_norm_gemv
     from kernels.rmsnorm import fused_add_rms_norm
 
     x, res = _randn(m, k, dtype=dtype, device=device), _randn(m, k, dtype=dtype, device=device)

@@ -104,7 +104,8 @@ def _launches(dtype: torch.dtype):
                 xm = flat[:-1].view(m, 1024) if aligned else flat[1:].view(m, 1024)
                 qnt.qkv_new_token(xm, wqkv, 16, 8, w[:128], w[:128], 1e-6, 1e-6, torch.arange(m), cs16,
                                   kc, vc, torch.arange(m))  # fmt: skip
-            from kernels.gemv import add_rms_norm_gemv, gemv
+            from kernels.gemv import gemv
+            from kernels.gemv_norm import add_rms_norm_gemv
 
             h1, wq = torch.randn(1, 1024).to(dtype), torch.randn(4096, 1024).to(dtype)
             for res in (None, h1.clone()):  # the decode GEMVs at M = 1, the norm folded in or not
@@ -137,7 +138,7 @@ def _launches(dtype: torch.dtype):
             ring = torch.zeros((4, 8), dtype=torch.int64)
             lm_head_sample(hidden, head, torch.zeros(1), seed, residual=hidden, norm=(w, 1e-6),
                            advance_seed=True, publish=(ring, seed))  # fmt: skip
-            from kernels.gemv import embed_rms_norm_gemv
+            from kernels.gemv_norm import embed_rms_norm_gemv
 
             # the batch-1 head: the embedding gathered, launched with PDL, its weights read before the wait
             embed_rms_norm_gemv(torch.zeros(1, dtype=torch.int64), torch.randn(64, 1024).to(dtype), w, 1e-6,

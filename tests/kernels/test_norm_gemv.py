@@ -1,4 +1,4 @@
-"""kernels.gemv.add_rms_norm_gemv ((residual add +) RMSNorm folded into the GEMV) vs
+"""kernels.gemv_norm.add_rms_norm_gemv ((residual add +) RMSNorm folded into the GEMV) vs
 reference.add_rms_norm_linear; dispatch.add_rms_norm_linear's choice of path."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import torch
 
 from kernels import dispatch as ops
 from kernels import reference as ref
-from kernels.gemv import GemvConfig, add_rms_norm_gemv
+from kernels.gemv import GemvConfig
+from kernels.gemv_norm import add_rms_norm_gemv
 from tests.kernels.paged import gpu
 from tests.kernels.test_gemv import RTOL, _randn
 
@@ -156,7 +157,7 @@ def _embed_case(m, n, k, dtype, device="cpu", bias=False, vocab=40):
 
 def _check_embed(ids, table, nw, w, b, **kw):
     """embed_rms_norm_gemv against its unfused reference: exact where the product's rounding agrees."""
-    from kernels.gemv import embed_rms_norm_gemv
+    from kernels.gemv_norm import embed_rms_norm_gemv
 
     x = table[ids]
     expect = ref.linear(ref.rms_norm(x, nw, EPS).double(), w.double(), None if b is None else b.double())
@@ -192,7 +193,7 @@ def test_embed_rms_norm_gemv_preloaded_weights(m):
 
 
 def test_embed_rms_norm_gemv_dot_path_and_bad_inputs():
-    from kernels.gemv import embed_rms_norm_gemv
+    from kernels.gemv_norm import embed_rms_norm_gemv
 
     _check_embed(*_embed_case(5, 32, 48, torch.float32, bias=True), config=DOT)
     ids, table, nw, w, _ = _embed_case(2, 8, 16, torch.float32)
@@ -220,7 +221,7 @@ def test_gpu_embed_rms_norm_linear_in_a_graph_after_the_input_launch():
     # the engine's batch-1 head: a launch writes the id, the fused gather + norm + qkv follows it with
     # PDL (weights read before its wait); replayed with new ids: the gathered rows, and the product of
     # the launch without PDL on the same tiles, bit for bit
-    from kernels.gemv import embed_rms_norm_gemv
+    from kernels.gemv_norm import embed_rms_norm_gemv
 
     ids, table, nw, w, _ = _embed_case(1, 4096, 1024, torch.bfloat16, device="cuda", vocab=151936)
     src = torch.tensor([5, 151935, 77], dtype=torch.int64, device="cuda")
