@@ -14,8 +14,10 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.settings import Settings
 
+SCRIPTS = ("api.js", "render.js", "sessions.js", "settings.js", "chat.js")
+VENDOR = ("marked.umd.js", "purify.min.js", "highlight.min.js")
 ASSETS = {
-    "/ui/chat.js": "text/javascript",
+    **{f"/ui/{name}": "text/javascript" for name in SCRIPTS},
     "/ui/chat.css": "text/css",
 }
 
@@ -32,8 +34,15 @@ def test_page_is_served_without_the_api_key(client, path):
     r = client.get(path)
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/html")
-    assert '<script src="/ui/chat.js"' in r.text
+    for name in SCRIPTS:
+        assert f'<script src="/ui/{name}" defer>' in r.text
+    for name in VENDOR:
+        assert f'<script src="/ui/vendor/{name}" defer>' in r.text
     assert '<link rel="stylesheet" href="/ui/chat.css"' in r.text
+    # only this server's scripts and styles, no inline script, no framing
+    csp = r.headers["content-security-policy"]
+    assert "script-src 'self';" in csp and "default-src 'self'" in csp and "frame-ancestors 'none'" in csp
+    assert "<script>" not in r.text and not re.search(r"\son[a-z]+=", r.text)  # no inline handlers
 
 
 @pytest.mark.parametrize("path,ctype", ASSETS.items())
@@ -42,6 +51,19 @@ def test_assets_have_their_content_types(client, path, ctype):
     assert r.status_code == 200
     assert r.headers["content-type"].startswith(ctype)
     assert r.content == resources.files("app.static").joinpath(path.rsplit("/", 1)[1]).read_bytes()
+
+
+@pytest.mark.parametrize("name", VENDOR)
+def test_vendored_libraries_are_served_with_their_licenses(client, name):
+    r = client.get(f"/ui/vendor/{name}")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/javascript")
+    assert r.content == resources.files("app.static.vendor").joinpath(name).read_bytes()
+    readme = client.get("/ui/vendor/README.txt").text
+    assert name in readme
+    for lic in ("marked.LICENSE.txt", "dompurify.LICENSE.txt", "highlight.js.LICENSE.txt"):
+        assert lic in readme and client.get(f"/ui/vendor/{lic}").status_code == 200
+    assert client.get("/ui/vendor/__init__.py").status_code == 404
+    assert client.get("/ui/vendor/..%2F..%2Fmain.py").status_code == 404
 
 
 def test_unknown_asset_is_404_and_api_stays_guarded(client):
@@ -54,14 +76,14 @@ def test_unknown_asset_is_404_and_api_stays_guarded(client):
 
 def test_assets_reference_only_local_urls():
     static = resources.files("app.static")
-    for name in ("index.html", "chat.js", "chat.css"):
+    for name in ("index.html", "chat.css", *SCRIPTS):
         text = static.joinpath(name).read_text()
         assert not re.search(r"https?://|//[a-z0-9-]+\.[a-z]", text, re.I), name
         assert "@import" not in text and "url(" not in text, name
 
 
 def test_script_calls_the_endpoints_that_exist():
-    js = resources.files("app.static").joinpath("chat.js").read_text()
+    js = "".join(resources.files("app.static").joinpath(name).read_text() for name in SCRIPTS)
     for needle in (
         "/webhook/",
         "/chat",
@@ -70,6 +92,9 @@ def test_script_calls_the_endpoints_that_exist():
         "/v1/sessions",
         "/v1/assistants",
         '"DELETE"',
+        '"PATCH"',
+        "/rewind",
+        "options",
         '"text/plain"',
         "Authorization",
         "getReader",
