@@ -4,6 +4,7 @@ FROM python:3.11-slim
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     CHATLOOM_CACHE=/var/cache/chatloom \
+    CHATLOOM_DATA_DIR=/app/data \
     CHATLOOM_HOST=0.0.0.0 \
     CHATLOOM_PORT=8000
 

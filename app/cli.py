@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from typing import Any
 
@@ -61,7 +60,15 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--num-kv-blocks", type=int, help="KV cache blocks (default: sized from memory)")
     p.add_argument("--max-num-seqs", type=int, help="most sequences decoded at once")
     _engine_flags(p)
-    p.add_argument("--database-url", help="SQLAlchemy URL of the conversation store")
+    p.add_argument(
+        "--database-url",
+        help="SQLAlchemy URL of the conversation store (default: chatloom.db in the data directory)",
+    )
+    p.add_argument(
+        "--data-dir",
+        help="folder of the default SQLite store (default: $XDG_DATA_HOME/chatloom, else "
+        "~/.local/share/chatloom)",
+    )
     p.add_argument(
         "--cors-origin", action="append", dest="cors_origins", help="allowed browser origin (repeat)"
     )
@@ -135,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="chatloom", description="chatloom: a chat backend for workflow automation"
     )
+    parser.add_argument("--version", action="version", version=f"chatloom {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     sub.add_parser("bench", help="engine benchmarks (see `chatloom bench --help`)", add_help=False)
@@ -162,6 +170,7 @@ def settings_from_args(args: argparse.Namespace):
         "num_kv_blocks",
         "max_num_seqs",
         "database_url",
+        "data_dir",
         "cors_origins",
         "log_level",
         "tool_call_format",
@@ -171,30 +180,45 @@ def settings_from_args(args: argparse.Namespace):
     return Settings(**overrides)
 
 
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("chatloom")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
+def settings_error(exc: Exception) -> str:
+    """A pydantic ValidationError of Settings as one line: each field and what is wrong with it."""
+    parts = []
+    for err in exc.errors():  # type: ignore[attr-defined]
+        msg = str(err.get("msg", "")).removeprefix("Value error, ")
+        field = ".".join(str(x) for x in err.get("loc", ()))
+        parts.append(f"{field}: {msg}" if field else msg)
+    return "; ".join(parts)
+
+
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
+    from app import serve as server
 
-    from app.main import create_app
-
-    settings = settings_from_args(args)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    app = create_app(settings)
-    uvicorn.run(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level, timeout_graceful_shutdown=5
-    )
-    return 0
+    return server.run(settings_from_args(args))
 
 
 async def _chat(args: argparse.Namespace) -> int:
     from app.chat.template import ChatMessage, PromptRenderer
     from app.main import build_engine
+    from app.serve import StartupError
     from app.settings import Settings
     from engine import SamplingParams
 
-    engine = build_engine(Settings(model=args.model, device=args.device, dtype=args.dtype))
-    await engine.start()
+    settings = Settings(model=args.model, device=args.device, dtype=args.dtype)
+    try:
+        engine = await asyncio.to_thread(build_engine, settings)
+        await engine.start()
+    except Exception as exc:
+        raise StartupError(f"the model failed to load: {type(exc).__name__}: {exc}") from exc
     renderer = PromptRenderer(engine.tokenizer)
     history: list[ChatMessage] = [ChatMessage("system", args.system)] if args.system else []
     print("chatloom chat: empty line or Ctrl-D to quit, /reset to forget the conversation", file=sys.stderr)
@@ -239,14 +263,27 @@ def main(argv: list[str] | None = None) -> int:
         workloads.main(argv[1:])  # prints its report; returns the numbers for programmatic callers
         return 0
     args = build_parser().parse_args(argv)
-    if args.command == "serve":
-        return serve(args)
-    if args.command == "chat":
-        return asyncio.run(_chat(args))
-    if args.command == "batch":
-        from app.batch.cli import run as run_batch
+    from pydantic import ValidationError
 
-        return run_batch(args)
+    from app.serve import StartupError
+
+    # a start that cannot succeed is one line and a non-zero exit, never a traceback: 2 for a
+    # configuration that is refused, 1 for what failed (a busy port, a model that does not load)
+    try:
+        if args.command == "serve":
+            return serve(args)
+        if args.command == "chat":
+            return asyncio.run(_chat(args))
+        if args.command == "batch":
+            from app.batch.cli import run as run_batch
+
+            return run_batch(args)
+    except ValidationError as exc:
+        print(f"chatloom {args.command}: {settings_error(exc)}", file=sys.stderr)
+        return 2
+    except StartupError as exc:
+        print(f"chatloom {args.command}: {exc.message}", file=sys.stderr)
+        return exc.code
     return 2
 
 

@@ -7,6 +7,7 @@ import asyncio
 import importlib
 import inspect
 import logging
+import time
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -64,17 +65,42 @@ async def attach_engine(app: FastAPI, engine: Any) -> None:
     log.info("serving %s (context %d tokens)", app.state.serving.served_name, engine.max_model_len)
 
 
+LOAD_PROGRESS_EVERY_S = 10.0  # a "still loading" line this often, so a long load is never silent
+
+
+async def _still_loading(started: float, stage: list[str]) -> None:
+    while True:
+        await asyncio.sleep(LOAD_PROGRESS_EVERY_S)
+        log.info("still %s (%.0f s so far)", stage[0], time.monotonic() - started)
+
+
 async def _load_engine(app: FastAPI) -> None:
+    settings: Settings = app.state.settings
+    started = time.monotonic()
+    stage = ["loading the model"]
+    log.info("loading the model %s (device %s)", settings.model or "(the embedded default)", settings.device)
+    ticker = asyncio.create_task(_still_loading(started, stage))
     try:
-        engine = await asyncio.to_thread(build_engine, app.state.settings)
+        engine = await asyncio.to_thread(build_engine, settings)
+        stage[0] = "preparing the tool-call and JSON grammars"
+        log.info("model loaded after %.1f s; %s", time.monotonic() - started, stage[0])
         vocab_size = getattr(getattr(engine, "model_config", None), "vocab_size", None)
         await asyncio.to_thread(constraints.warmup, engine.tokenizer, vocab_size)
         await attach_engine(app, engine)
+        log.info("ready after %.1f s", time.monotonic() - started)
     except asyncio.CancelledError:
         raise
     except Exception as exc:
-        log.exception("the model failed to load")
         app.state.load_error = f"{type(exc).__name__}: {exc}"
+        # one line; the traceback only at --log-level debug (the usual causes: a wrong path, a
+        # device this torch cannot use, too little memory)
+        log.debug("the model failed to load", exc_info=True)
+        if app.state.on_load_error is not None:
+            app.state.on_load_error()  # `chatloom serve` (app.serve): stop, print the line, exit 1
+        else:
+            log.error("the model failed to load: %s", app.state.load_error)
+    finally:
+        ticker.cancel()
 
 
 @asynccontextmanager
@@ -149,6 +175,7 @@ def create_app(settings: Settings | None = None, engine: Any = None) -> FastAPI:
     app.state.engine = None
     app.state.serving = None
     app.state.load_error = None
+    app.state.on_load_error = None  # called when the model fails to load (app.serve stops the server)
     app.state.metrics = Metrics(lambda: app.state.engine)
 
     install_error_handlers(app)

@@ -64,8 +64,10 @@ class Settings(BaseSettings):
     log_level: str = "info"
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
-    # conversations (issue 5)
-    database_url: str = "sqlite:///./data/chatloom.db"
+    # conversations (issue 5). data_dir: the folder of the default SQLite store (None: the per-user
+    # data folder, app.paths); database_url: the store itself ("": chatloom.db in data_dir)
+    data_dir: Path | None = None
+    database_url: str = ""
     # longest wait on the store: connecting, one statement, a pooled connection, SQLite's lock
     database_timeout_s: float = Field(default=10.0, gt=0)
     # PostgreSQL connections this process keeps open (pool) and may open beyond them at peaks
@@ -120,6 +122,14 @@ class Settings(BaseSettings):
                 return json.loads(text)
             return [part.strip() for part in text.split(",") if part.strip()]
         return value
+
+    @model_validator(mode="after")
+    def _default_database(self) -> Settings:
+        if not self.database_url.strip():
+            from app.paths import sqlite_url, user_data_dir
+
+            self.database_url = sqlite_url(self.data_dir or user_data_dir())
+        return self
 
     @model_validator(mode="after")
     def _check_engine_config(self) -> Settings:

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 import app.memory.batch_models  # noqa: F401  (the Batch API tables join Base.metadata)
 from app.memory.db import async_url, ensure_sqlite_dir
 from app.memory.models import Base
+from app.paths import default_database_url
 
 config = context.config
 target_metadata = Base.metadata
@@ -48,7 +49,7 @@ def _configure_and_run(connection) -> None:
 
 def _url() -> str:
     url = os.environ.get("CHATLOOM_DATABASE_URL") or config.get_main_option("sqlalchemy.url")
-    return async_url(url or "sqlite:///./data/chatloom.db")
+    return async_url(url or default_database_url())  # the server's default store (app.paths)
 
 
 async def _run_async() -> None:

@@ -62,7 +62,7 @@ def async_url(url: str) -> str:
 
 
 def ensure_sqlite_dir(url: str) -> None:
-    """SQLite creates the file but not its folder (the default is ./data/chatloom.db)."""
+    """SQLite creates the file but not its folder (the default is in the per-user data folder, app.paths)."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
