@@ -707,7 +707,7 @@ def sweep_tail(dtype, device, reps: int = 10) -> None:
     launch with grid barriers) over configurations against the same four projections launched one by
     one (what the engine ran before), at the Qwen3-0.6B shapes, 8 layers' weights streamed from HBM;
     then the default configuration (the one the engine launches)."""
-    from kernels import decode_tail
+    from kernels import cooperative
     from kernels import dispatch as ops
     from kernels import reference as ref
     from kernels.decode_tail import TailConfig, decode_layer_tail
@@ -737,7 +737,7 @@ def sweep_tail(dtype, device, reps: int = 10) -> None:
             except Exception as exc:  # a config the chip cannot hold
                 print(f"  M={m} {tuple(cfg)}: {type(exc).__name__}: {str(exc)[:100]}")
                 continue
-            resident = [c for k, c in decode_tail._RESIDENT.items() if k[2] == cfg]
+            resident = [c for k, c in cooperative._RESIDENT.items() if k[2] == cfg]
             if resident and resident[-1] != cfg:  # lowered to what stays resident: time it once
                 if any(c == resident[-1] for _, c, _ in results):
                     continue

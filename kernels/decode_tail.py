@@ -14,13 +14,13 @@ weights while the current stage waits for its input, multiplies and stores. Betw
 programs meet at a grid-wide barrier (an arrival counter in global memory); a stage's input (a few KB
 written by every program) is then read once, whole rows, from L2.
 
-The barrier needs every program resident at once: programs per SM are lowered until the compiled
-kernel's registers allow that many side by side, and the grid is launched cooperatively where Triton
-offers it (a grid that cannot be resident is then refused, not left waiting). Every launch uses the
-same barrier counters, so launches run on one stream at a time (the engine's decode step). Outputs of
-a stage are read by other programs after the barrier, so those loads bypass L1 (".cg"). Rounding
-follows the unfused kernels (kernels.gemv with NORM or SILU_MUL): fp32 accumulation, each
-intermediate rounded to the activation dtype once.
+The barrier needs every program resident at once (kernels.cooperative): programs per SM are lowered
+until the compiled kernel's registers allow that many side by side, and the grid is launched
+cooperatively where Triton offers it (a grid that cannot be resident is then refused, not left
+waiting). Every launch uses the same barrier counters, so launches run on one stream at a time (the
+engine's decode step). Outputs of a stage are read by other programs after the barrier, so those
+loads bypass L1 (".cg"). Rounding follows the unfused kernels (kernels.gemv with NORM or SILU_MUL):
+fp32 accumulation, each intermediate rounded to the activation dtype once.
 
 `python -m bench.tail_timeline` traces one launch (TRACE: every program stamps the GPU's clock at its
 start and, per stage, at its input read, its end and its barrier exit).
@@ -32,13 +32,13 @@ tests check the barrier path against the same reference and against the staged l
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from kernels import cooperative
 from kernels._jit import arrival_counters, is_interpreting, kernel, next_pow2, sm_count
 from kernels.reference import TailWeights
 
@@ -256,18 +256,6 @@ def _decode_tail_kernel(
             tl.store(bar_ptr + 1, 0)
 
 
-# the fused grid is launched cooperatively where this Triton can (residency guaranteed)
-
-
-@functools.cache
-def _cooperative_supported() -> bool:
-    import dataclasses
-
-    from triton.backends.nvidia.compiler import CUDAOptions
-
-    return any(f.name == "launch_cooperative_grid" for f in dataclasses.fields(CUDAOptions))
-
-
 MAX_PER_THREAD = 128  # weight elements (x BLOCK_M) a thread holds for one stage: 64 registers in 16 bits
 
 
@@ -356,10 +344,6 @@ def _tail_launch(a: torch.Tensor, residual: torch.Tensor, w: TailWeights, interp
     return _TailLaunch(launch, (qkv, h2) if has_next else (y, h), tuple(flags.items()))
 
 
-def _cooperative() -> dict:
-    return {"launch_cooperative_grid": True} if _cooperative_supported() else {}
-
-
 def _mode(a: torch.Tensor, config: TailConfig | None, fused: bool | None):
     """(interpreting, config, one launch or staged): one launch by default on CUDA, never in the
     interpreter (its programs run one by one and could not wait for each other)."""
@@ -393,9 +377,9 @@ def decode_layer_tail(
         for stage in range(1, consts.pop("LAST") + 1):
             _decode_tail_kernel[(programs,)](*args, FIRST=stage, LAST=stage, **consts)
         return tail.result
-    extra = _cooperative()
+    extra = cooperative.grid_kwargs()
     if a.device.type == "cuda":  # as many programs per SM as stay resident together (the barriers)
-        cfg = _resident(
+        cfg = cooperative.resident(
             _decode_tail_kernel, (a.device.index, a.dtype, cfg, tail.key), cfg, tail.launch, extra
         )
     programs, args, consts = tail.launch(cfg)
@@ -403,33 +387,3 @@ def decode_layer_tail(
         raise ValueError(f"trace: {trace.shape[0]} rows for {programs} programs")
     _decode_tail_kernel[(programs,)](*args, FIRST=1, **consts, **extra)
     return tail.result
-
-
-_RESIDENT: dict[tuple, TailConfig] = {}
-REGISTERS_PER_SM = 65536
-THREADS_PER_SM = 2048
-
-
-def _resident(kern, key: tuple, cfg: TailConfig, launch, extra: dict) -> TailConfig:
-    """cfg with programs_per_sm lowered until the compiled kernel's registers, threads and shared memory
-    let that many programs share an SM (a cooperative launch refuses a grid that is not resident)."""
-    if key in _RESIDENT:
-        return _RESIDENT[key]
-    chosen = cfg._replace(programs_per_sm=1)
-    for pps in range(cfg.programs_per_sm, 0, -1):
-        c = cfg._replace(programs_per_sm=pps)
-        programs, args, consts = launch(c)
-        compiled = kern.warmup((programs,), *args, FIRST=1, **consts, **extra)
-        compiled._init_handles()
-        warps = compiled.metadata.num_warps
-        per_warp = -(-compiled.n_regs * 32 // 256) * 256  # registers are allocated per warp, by 256
-        props = torch.cuda.get_device_properties(args[0].device)
-        smem = getattr(props, "shared_memory_per_multiprocessor", 228 << 10)
-        fit = min(REGISTERS_PER_SM // per_warp // warps, THREADS_PER_SM // (32 * warps))
-        if compiled.metadata.shared:
-            fit = min(fit, smem // (compiled.metadata.shared + 1024))
-        if fit >= pps:
-            chosen = c
-            break
-    _RESIDENT[key] = chosen
-    return chosen

@@ -507,7 +507,7 @@ def decode_layer_tail(
     """reference.decode_layer_tail in one launch whose weights arrive by TMA (see the module docstring)."""
     if not fits(a.shape[0], a.dtype, w, a.device) or residual.dtype != a.dtype:
         raise ValueError("decode_tail_tma: batch 1, 16-bit weights without biases, and shapes that divide")
-    from kernels.decode_tail import _cooperative
+    from kernels import cooperative
 
     p = _plan_for(w, a.device)
     if trace is not None and not (
@@ -519,5 +519,5 @@ def decode_layer_tail(
     ):
         raise ValueError(f"trace: a contiguous int64 ({p.programs}, {len(POINTS)}) tensor or more rows")
     grid, args, kwargs, result = launch_args(a.contiguous(), residual.contiguous(), w, p, trace)
-    _tail_tma_kernel[grid](*args, **kwargs, **_cooperative())
+    _tail_tma_kernel[grid](*args, **kwargs, **cooperative.grid_kwargs())
     return result
