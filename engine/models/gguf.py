@@ -47,10 +47,12 @@ def is_gguf(model: str | os.PathLike) -> bool:
 
 def resolve_checkpoint(model: str, progress: bool = True) -> str:
     """The folder to load for `model`: a .gguf file's converted folder (built on first use), anything
-    else unchanged."""
+    else unchanged. The embedded model's comes merged with the shipped tool-use adapter (adapter.py)."""
     if not is_gguf(model):
         return model
-    return str(converted_dir(model, progress=progress))
+    from engine.models.adapter import for_embedded
+
+    return str(for_embedded(model, converted_dir(model, progress=progress)))
 
 
 def _identity(path: Path) -> dict:
