@@ -49,6 +49,7 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
     after_release: bool = False,  # decode only: the launch before is ops.qkv_new_token's
+    alibi_slopes: torch.Tensor | None = None,  # (num_heads,) float32: ALiBi models (engine.models.alibi)
 ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
     nd = meta.num_decodes
     max_len = meta.decode_max_seq_len or None  # None inside CUDA graphs: bound by the table width
@@ -56,16 +57,16 @@ def paged_attention(
     if meta.prefill_block_tables is None:
         return ops.decode_attention(
             q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale, sliding_window,
-            max_seq_len=max_len, order=order, after_release=after_release,
+            alibi_slopes, max_seq_len=max_len, order=order, after_release=after_release,
         )  # fmt: skip
     out = torch.empty_like(q)
     if nd:  # rows 0..nd-1; in a captured step (engine.batch_graphs) the padding ones have length 0
         ops.decode_attention(
             q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale, sliding_window,
-            out=out[:nd], max_seq_len=max_len, order=order,
+            alibi_slopes, out=out[:nd], max_seq_len=max_len, order=order,
         )  # fmt: skip
     prefill = (meta.prefill_block_tables, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, scale,
-               sliding_window)  # fmt: skip
+               sliding_window, alibi_slopes)  # fmt: skip
     if meta.prefill_tile_map is not None:
         # a captured step: the prefill chunks' query tiles over the whole step, their query offsets
         # counted from its first row

@@ -63,8 +63,11 @@ class ModelRunner:
             from engine.cuda_graphs import DecodeGraphs, ExtendGraphs, default_extend_sizes, default_sizes
 
             sizes = config.cuda_graph_sizes or default_sizes(config.max_num_seqs)
-            max_blocks = -(-model.cos_sin.shape[0] // self.block_size)  # max_model_len in blocks
-            seed = config.seed + 1 if config.sampler_graphs else None  # its own stream of draws
+            max_blocks = -(-model.max_positions // self.block_size)  # max_model_len in blocks
+            # step graphs end in kernels.lm_head_sample, which applies the final norm as an RMSNorm
+            fused_head = getattr(model, "rms_final_norm", True)
+            # the step graphs' own stream of draws
+            seed = config.seed + 1 if config.sampler_graphs and fused_head else None
             self.graphs = DecodeGraphs(
                 model, self.kv_caches, sizes, max_blocks, device, seed, config.max_num_seqs
             )

@@ -245,6 +245,10 @@ class LlamaForCausalLM(nn.Module):
         return self._tail_weights
 
     @property
+    def max_positions(self) -> int:  # max_model_len: the rope table's rows
+        return self.cos_sin.shape[0]
+
+    @property
     def logits_weight(self) -> torch.Tensor:  # (vocab, hidden)
         return self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
 

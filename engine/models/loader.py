@@ -19,7 +19,10 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "BloomForCausalLM": "bloom",  # ALiBi: engine.models.alibi
+    "MptForCausalLM": "mpt",
 }
+ALIBI_MODEL_TYPES = ("bloom", "mpt")
 
 # HF name fragment -> (our fused parameter, shard index among the fused parts)
 _FUSED = {
@@ -134,6 +137,10 @@ def init_dummy_weights(model: LlamaForCausalLM, seed: int, std: float = 0.02) ->
 
 
 def build_model(config, load_format: str, model_path: str, device: str, dtype, max_positions: int, seed: int):
+    if config.model_type in ALIBI_MODEL_TYPES:
+        from engine.models.alibi_weights import build_alibi_model
+
+        return build_alibi_model(config, load_format, model_path, device, dtype, max_positions, seed)
     with torch.device(device):
         model = LlamaForCausalLM(config, max_positions)
     model.to(dtype=dtype)
