@@ -21,6 +21,7 @@ const state = {
   session: store.get("session", null),
   key: store.get("apiKey", ""),
   controller: null, // the AbortController of the reply being streamed
+  working: false, // an exchange (send, regenerate, edit) is under way (chat.js exclusive)
   assistants: [], // rows of /v1/assistants, for the settings panel's hints
 };
 

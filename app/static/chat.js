@@ -110,14 +110,22 @@ function dropLastExchange() {
   }
 }
 
-// the log is aria-busy from the question until the reply is final (stored, stats shown)
-async function send(text) {
+// one exchange at a time: from a send, regenerate or edit (its rewind first) until the reply is
+// final (stored, stats shown); meanwhile the log is aria-busy and new sends wait
+async function exclusive(work) {
+  if (state.working) return;
+  state.working = true;
   $("messages").setAttribute("aria-busy", "true");
   try {
-    await turn(text);
+    await work();
   } finally {
+    state.working = false;
     $("messages").removeAttribute("aria-busy");
   }
+}
+
+function send(text) {
+  return exclusive(() => turn(text));
 }
 
 async function turn(text) {
@@ -201,22 +209,23 @@ async function rewind() {
   return api(`/v1/sessions/${encodeURIComponent(state.session)}/rewind`, { method: "POST" });
 }
 
-async function regenerate() {
-  if (state.controller) return;
-  let out;
-  try {
-    out = await rewind();
-  } catch (err) {
-    addNote("Could not regenerate: " + err.message, "error");
-    return;
-  }
-  dropLastExchange();
-  $("input").focus();
-  await send(out.content);
+function regenerate() {
+  return exclusive(async () => {
+    let out;
+    try {
+      out = await rewind();
+    } catch (err) {
+      addNote("Could not regenerate: " + err.message, "error");
+      return;
+    }
+    dropLastExchange();
+    $("input").focus();
+    await turn(out.content);
+  });
 }
 
 function startEdit(node) {
-  if (state.controller || node.querySelector(".edit-box")) return;
+  if (state.working || node.querySelector(".edit-box")) return;
   const bubble = node.querySelector(".bubble");
   const foot = node.querySelector(".msg-foot");
   const area = el("textarea", "edit-area");
@@ -239,7 +248,7 @@ function startEdit(node) {
     foot.hidden = false;
     node.querySelector("[data-action=edit]").focus();
   };
-  const submit = async () => {
+  const submit = () => exclusive(async () => {
     const text = area.value.trim();
     if (!text) return;
     try {
@@ -250,8 +259,8 @@ function startEdit(node) {
     }
     dropLastExchange();
     $("input").focus();
-    await send(text);
-  };
+    await turn(text);
+  });
   cancel.addEventListener("click", close);
   save.addEventListener("click", submit);
   area.addEventListener("input", () => autosize(area));
@@ -324,7 +333,7 @@ function init() {
   $("composer").addEventListener("submit", (e) => {
     e.preventDefault();
     const text = $("input").value.trim();
-    if (!text || state.controller) return;
+    if (!text || state.working) return;
     $("input").value = "";
     autosize($("input"));
     send(text);
