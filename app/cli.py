@@ -112,17 +112,20 @@ _ENGINE_FLAGS: dict[str, tuple[Any, str]] = {
     "prefill_graph_max_tokens": (int, "a lone prefill chunk up to N tokens replays a graph (0: eager)"),
     "batch_graph_max_tokens": (int, "a step with prefill chunks up to N tokens replays a graph (0: eager)"),
     "num_threads": (int, "torch CPU threads (default: torch's)"),
+    "speculative_method": (str, "speculative decoding: off | ngram (prompt lookup) | draft (--draft-model)"),
+    "num_speculative_tokens": (int, "most tokens proposed per sequence and step (default 4)"),
+    "draft_model": (str, "with --speculative draft: a smaller checkpoint with the same tokenizer"),
     "seed": (int, "sampling seed of requests that set none (default 0)"),
 }
 
 
 def _engine_flags(p: argparse.ArgumentParser) -> None:
     for name, (kind, text) in _ENGINE_FLAGS.items():
-        flag = "--" + name.replace("_", "-")
+        flags = ["--" + name.replace("_", "-")] + (["--speculative"] if name == "speculative_method" else [])
         if kind is bool:
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
+            p.add_argument(*flags, action=argparse.BooleanOptionalAction, default=None, help=text)
         else:
-            p.add_argument(flag, type=kind, help=text)
+            p.add_argument(*flags, type=kind, help=text)
 
 
 def _chat_parser(sub: Any) -> None:

@@ -44,6 +44,25 @@ class _EngineCollector:
         if stats.get("prefix_cache_hit_tokens") is not None:
             hits.add_metric([], float(stats["prefix_cache_hit_tokens"]))
         yield hits
+        yield from _speculation(stats, gauge)
+
+
+def _speculation(stats: dict, gauge):
+    """Speculative decoding's counters (engine.speculative) and, since start, its acceptance rate and
+    tokens a verification step keeps (accepted proposals plus the one every step samples)."""
+    names = ("proposed_tokens", "accepted_tokens", "verify_steps")
+    if "spec_verify_steps" not in stats:
+        return
+    docs = ("Tokens proposed for verification.", "Proposed tokens accepted.", "Sequence verification steps.")
+    for name, doc in zip(names, docs, strict=True):
+        c = CounterMetricFamily(f"chatloom_spec_{name}", doc + " Since start.")
+        c.add_metric([], float(stats[f"spec_{name}"]))
+        yield c
+    proposed, accepted, steps = (stats[f"spec_{n}"] for n in names)
+    rate = accepted / proposed if proposed else None
+    yield gauge("chatloom_spec_acceptance_rate", "Accepted / proposed tokens since start.", rate)
+    per = (accepted + steps) / steps if steps else None
+    yield gauge("chatloom_spec_tokens_per_step", "Tokens kept per verification step since start.", per)
 
 
 class Metrics:

@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     prefill_graph_max_tokens: int = 512
     batch_graph_max_tokens: int = 8192
     num_threads: int | None = None
+    speculative_method: Literal["off", "ngram", "draft"] = "off"  # CHATLOOM_SPECULATIVE_METHOD=ngram
+    num_speculative_tokens: int = 4
+    draft_model: str | None = None
 
     # HTTP
     host: str = "127.0.0.1"

@@ -4,6 +4,7 @@
     chatloom bench --workload w1|w2|w3 [--peer hf]   # GPU: Qwen3-0.6B shape, dummy weights
     chatloom bench --workload m1                # replayed 10-turn conversation: warm vs cold TTFT
     chatloom bench --workload g1                # grammar-constrained tool calls vs unconstrained
+    chatloom bench --workload s1                # speculative decoding on / off (bench/speculative.py)
 
 Runs without the web stack (also as `python -m bench`)."""
 
@@ -19,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import speculative
 from bench import switches as bench_switches
 from engine.models.tiny import BENCH_SHAPE, build_checkpoint
 
@@ -400,6 +402,7 @@ WORKLOADS = {
     "w3": bench_gpu,
     "m1": bench_m1,
     "g1": bench_g1,
+    "s1": speculative.bench_s1,
 }
 
 
@@ -414,8 +417,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model",
         metavar="DIR_OR_GGUF",
-        help="C1: this checkpoint folder or .gguf file instead of the random benchmark model",
+        help="C1: this checkpoint folder or .gguf file instead of the random benchmark model (S1: "
+        "instead of the embedded SmolLM2)",
     )
+    speculative.add_arguments(p)
     p.add_argument("--eager", action="store_true", help="GPU: no CUDA graphs")
     p.add_argument(
         "--launch-after",
