@@ -14,7 +14,8 @@ WORKDIR /app
 # nvidia/cuda base and install torch + the `triton` extra instead)
 RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 
-COPY pyproject.toml README.md alembic.ini ./
+COPY pyproject.toml setup.py README.md alembic.ini ./
+COPY chatloom ./chatloom
 COPY app ./app
 COPY engine ./engine
 COPY kernels ./kernels
