@@ -46,6 +46,7 @@ class Settings(BaseSettings):
     prefill_graph_max_tokens: int = 512
     batch_graph_max_tokens: int = 8192
     num_threads: int | None = None
+    quantization: Literal["none", "int8", "int4"] = "none"  # CPU weight-only quantization
     speculative_method: Literal["off", "ngram", "draft"] = "off"  # CHATLOOM_SPECULATIVE_METHOD=ngram
     num_speculative_tokens: int = 4
     draft_model: str | None = None

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 _DTYPES = ("float32", "float16", "bfloat16", "auto")
 _LOAD_FORMATS = ("auto", "safetensors", "dummy")
+_QUANTIZATIONS = ("none", "int8", "int4")
 
 
 @dataclass
@@ -49,6 +50,9 @@ class EngineConfig:
     # captured graph (engine.batch_graphs), capped at max_num_batched_tokens; 0: always eager
     batch_graph_max_tokens: int = 8192
     num_threads: int | None = None  # torch CPU threads
+    # CPU: the projections' and lm_head's weights quantized at load ("int8" per row, "int4" per group
+    # of 32), products on torch's packed kernels (kernels.quant_linear); "none": float, exact
+    quantization: str = "none"
     # speculative decoding (engine.speculative): off | ngram (prompt lookup) | draft (draft_model: a
     # smaller checkpoint, same tokenizer); on, async scheduling is off (proposals read host tokens)
     speculative_method: str = "off"
@@ -86,6 +90,12 @@ class EngineConfig:
             )
         if self.dtype not in _DTYPES:
             raise ValueError(f"EngineConfig.dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.quantization not in _QUANTIZATIONS:
+            raise ValueError(
+                f"EngineConfig.quantization must be one of {_QUANTIZATIONS}, got {self.quantization!r}"
+            )
+        if self.quantization != "none" and self.device not in ("auto", "cpu"):
+            raise ValueError("EngineConfig.quantization runs on the CPU only (device='cpu')")
         if self.load_format not in _LOAD_FORMATS:
             raise ValueError(
                 f"EngineConfig.load_format must be one of {_LOAD_FORMATS}, got {self.load_format!r}"

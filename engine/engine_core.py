@@ -71,6 +71,8 @@ class EngineCore:
             self.max_model_len,
             config.seed,
         )
+        if config.quantization != "none":
+            _quantize(model, config.quantization, self.device)
         self.vocab_size = int(self.hf_config.vocab_size)
         self.runner = ModelRunner(model, config, self.device, self.dtype)
         self.block_manager = BlockManager(
@@ -523,3 +525,14 @@ def _eos_ids(hf_config, tokenizer, model_path: str) -> set[int]:
 
         add(json.loads(gen.read_text()).get("eos_token_id"))
     return ids
+
+
+def _quantize(model, mode: str, device: torch.device) -> None:
+    """EngineConfig.quantization: the projections' weights quantized in place (kernels.quant_linear)."""
+    if device.type != "cpu":
+        raise ValueError("EngineConfig.quantization runs on the CPU only (device='cpu')")
+    from kernels.quant_linear import quantize_model
+
+    stats = quantize_model(model, mode)
+    log.info("%s weights: %d matrices, %.0f MiB of float weights -> %.0f MiB", mode, stats["weights"],
+             stats["float_bytes"] / 2**20, stats["quant_bytes"] / 2**20)  # fmt: skip

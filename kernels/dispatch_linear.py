@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import onednn
+from kernels import onednn, quant_linear
 from kernels import reference as ref
 from kernels.backend import use_triton
 from kernels.dispatch_pointwise import fused_add_rms_norm, rms_norm, silu_and_mul
@@ -49,7 +49,11 @@ def lm_head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # (M, 
 
 
 def _library_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """oneDNN's product with the weight packed once where kernels.onednn takes it, else F.linear."""
+    """A quantized weight's packed product (kernels.quant_linear), else oneDNN's with the weight packed
+    once where kernels.onednn takes it, else F.linear."""
+    qw = quant_linear.takes(x, weight)
+    if qw is not None:
+        return quant_linear.product(x, qw, bias)
     packed = onednn.packed_weight(x, weight, bias)
     if packed is not None:
         return onednn.product(x, packed, bias)
@@ -120,7 +124,7 @@ def embed_rms_norm_linear(
         if gemv.use_gemv(ids.shape[0], weight.shape[0], weight.shape[1]):
             nw, on = norm_weight.contiguous(), pdl.enabled(table.device)
             return gemv_norm.embed_rms_norm_gemv(ids, table, nw, eps, weight, bias, pdl_on=on)
-    x = torch.nn.functional.embedding(ids, table)
+    x = quant_linear.embedding(ids, table)  # F.embedding, or a quantized table's int8 rows
     return add_rms_norm_linear(x, None, norm_weight, eps, weight, bias)
 
 

@@ -1,0 +1,171 @@
+"""Weight-only quantized projections on the CPU (EngineConfig.quantization "int8" | "int4").
+
+A decode step at a few rows reads every weight once: on the CPU it is bound by memory traffic, and
+float32 weights are 4 (int8) to 7 (int4) times the bytes. Each projection's weight is quantized once at
+load and its product runs on torch's own packed CPU kernels:
+- int8: symmetric, one scale per output row; `aten._weight_int8pack_mm`.
+- int4: asymmetric, one (scale, zero) per output row and group of GROUP input columns;
+  `aten._convert_weight_to_int4pack_for_cpu` packs it once, `aten._weight_int4pack_mm_for_cpu` multiplies.
+Both kernels take bfloat16 activations and scales on their vectorized (AVX-512) path (float32 inputs fall
+to a scalar loop ~10x slower), so x is rounded to bfloat16 on the way in and the product comes back in
+x's dtype. Scales and zeros are rounded to bfloat16 before the weights are quantized against them, so the
+weights the kernel sees are exactly `dequantize`'s.
+
+The quantized form hangs on the Parameter itself (attribute QUANT) and its float storage is released
+(the parameter keeps its shape as a zero-stride view, so shape checks and the module tree are
+unchanged): `kernels.dispatch` looks the attribute up before any float product. A tied embedding keeps
+an int8 copy of its rows for the lookup (`embedding`). float32 stays the default and the exact path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MODES = ("int8", "int4")
+GROUP = 32  # int4: input columns sharing one (scale, zero)
+QUANT = "_chatloom_quant"  # the Parameter attribute holding its QuantWeight
+ROWS = "_chatloom_rows"  # an embedding table's int8 rows for the lookup: (int8 (V, H), scale (V,))
+
+
+@dataclass
+class QuantWeight:
+    mode: str  # "int8" | "int4"
+    shape: tuple[int, int]  # (N, K) of the float weight
+    data: torch.Tensor  # int8: (N, K) int8; int4: the packed uint8 of _convert_weight_to_int4pack_for_cpu
+    scales: torch.Tensor  # int8: (N,) bf16; int4: (K / GROUP, N, 2) bf16 [scale, zero]
+    nbytes: int  # what data and scales hold
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w (N, K) float -> (q (N, K) int8, scale (N,) bf16); w ~ q * scale, |q| <= 127."""
+    w = w.detach().float()
+    scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12).to(torch.bfloat16)
+    q = torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def quantize_int4(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w (N, K) float -> (q (N, K) int32 in 0..15, scale (N, K / group) bf16, zero (N, K / group) bf16);
+    w ~ (q - 8) * scale + zero (torch's int4 layout), the group's min and max as 0 and 15."""
+    n, k = w.shape
+    wg = w.detach().float().reshape(n, k // group, group)
+    lo, hi = wg.amin(dim=-1), wg.amax(dim=-1)
+    scale = ((hi - lo) / 15.0).clamp(min=1e-12).to(torch.bfloat16)
+    zero = (lo + 8.0 * scale.float()).to(torch.bfloat16)
+    q = torch.round((wg - zero.float()[..., None]) / scale.float()[..., None]) + 8
+    return q.clamp(0, 15).to(torch.int32).reshape(n, k), scale, zero
+
+
+def dequantize(qw: QuantWeight) -> torch.Tensor:
+    """The (N, K) float32 weight the kernel multiplies by (the reference)."""
+    n, k = qw.shape
+    if qw.mode == "int8":
+        return qw.data.float() * qw.scales.float()[:, None]
+    q = _unpacked_int4(qw)
+    scale, zero = qw.scales[..., 0].t().float(), qw.scales[..., 1].t().float()  # (N, K / GROUP) each
+    wg = (q.reshape(n, k // GROUP, GROUP).float() - 8) * scale[..., None] + zero[..., None]
+    return wg.reshape(n, k)
+
+
+def _unpacked_int4(qw: QuantWeight) -> torch.Tensor:
+    """q (N, K) of an int4 weight, read back through the kernel (x = identity columns, scale 1, zero 8)."""
+    n, k = qw.shape
+    groups = k // GROUP
+    ones = torch.ones(groups, n, 2, dtype=torch.bfloat16)
+    ones[..., 1] = 8.0
+    eye = torch.eye(k, dtype=torch.bfloat16)
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, qw.data, GROUP, ones).t().round().to(torch.int32)
+
+
+def quantize(w: torch.Tensor, mode: str) -> QuantWeight | None:
+    """The QuantWeight of w (N, K), or None where the kernel takes no such shape (int4: K not a multiple
+    of GROUP, or N not of 16)."""
+    if mode not in MODES:
+        raise ValueError(f"quantization must be one of {MODES}, got {mode!r}")
+    n, k = w.shape
+    if mode == "int8":
+        q, scale = quantize_int8(w)
+        return QuantWeight("int8", (n, k), q, scale, q.numel() + 2 * n)
+    if k % GROUP or n % 16:
+        return None
+    q, scale, zero = quantize_int4(w)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    sz = torch.stack([scale.t(), zero.t()], dim=-1).contiguous()  # (K / GROUP, N, 2)
+    return QuantWeight("int4", (n, k), packed, sz, packed.numel() + sz.numel() * 2)
+
+
+def product(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, K) @ dequantize(qw)^T + bias, on torch's packed kernel, in x's dtype."""
+    xb = x.to(torch.bfloat16)
+    if qw.mode == "int8":
+        y = torch.ops.aten._weight_int8pack_mm(xb, qw.data, qw.scales)
+    else:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, qw.data, GROUP, qw.scales)
+    y = y.to(x.dtype)
+    return y if bias is None else y.add_(bias)
+
+
+def reference_product(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """product's value in float32 from the dequantized weight (what the tests compare against)."""
+    y = x.to(torch.bfloat16).float() @ dequantize(qw).t()
+    return (y if bias is None else y + bias.float()).to(x.dtype)
+
+
+def quantized(weight: torch.Tensor) -> QuantWeight | None:
+    return getattr(weight, QUANT, None)
+
+
+def takes(x: torch.Tensor, weight: torch.Tensor) -> QuantWeight | None:
+    """weight's QuantWeight where `product` takes x (a 2-D CPU batch), else None."""
+    qw = getattr(weight, QUANT, None)
+    if qw is None or x.device.type != "cpu" or x.dim() != 2 or x.shape[1] != qw.shape[1]:
+        return None
+    return qw
+
+
+def embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """table[ids]: from the int8 rows where the table's float storage was released (`quantize_model`)."""
+    rows = getattr(table, ROWS, None)
+    if rows is None:
+        return torch.nn.functional.embedding(ids, table)
+    q, scale = rows
+    return (torch.nn.functional.embedding(ids, q).float() * scale.float()[ids, None]).to(table.dtype)
+
+
+def _release(param: torch.Tensor) -> None:
+    """Frees param's float storage; it keeps its shape (a zero-stride view of one element)."""
+    param.data = torch.zeros((), dtype=param.dtype, device=param.device).expand(param.shape)
+
+
+@torch.no_grad()
+def quantize_model(model: torch.nn.Module, mode: str) -> dict:
+    """Quantizes every decoder projection and the logits weight of a CPU model in place (see the module
+    docstring); returns {"weights": how many, "float_bytes": released, "quant_bytes": held}."""
+    if mode not in MODES:
+        raise ValueError(f"quantization must be one of {MODES}, got {mode!r}")
+    targets: list[torch.nn.Parameter] = [
+        mod.weight
+        for name, mod in model.named_modules()
+        if isinstance(mod, torch.nn.Linear) and "layers." in name
+    ]
+    logits = model.logits_weight
+    tied = getattr(model, "tie_word_embeddings", False)
+    stats = {"weights": 0, "float_bytes": 0, "quant_bytes": 0}
+    for w in [*targets, logits]:
+        if w.device.type != "cpu" or w.dim() != 2:
+            raise ValueError("quantization runs on the CPU (EngineConfig.device='cpu')")
+        qw = quantize(w, mode)
+        if qw is None:
+            continue
+        if w is logits and tied:  # the embedding lookup reads int8 rows from now on
+            rows = (qw.data, qw.scales) if mode == "int8" else quantize_int8(w)
+            setattr(w, ROWS, rows)
+            stats["quant_bytes"] += 0 if mode == "int8" else rows[0].numel() + 2 * rows[1].numel()
+        setattr(w, QUANT, qw)
+        stats["weights"] += 1
+        stats["float_bytes"] += w.numel() * w.element_size()
+        stats["quant_bytes"] += qw.nbytes
+        _release(w)
+    return stats
