@@ -78,7 +78,8 @@ async def _load_engine(app: FastAPI) -> None:
     settings: Settings = app.state.settings
     started = time.monotonic()
     stage = ["loading the model"]
-    log.info("loading the model %s (device %s)", settings.model or "(the embedded default)", settings.device)
+    name = settings.model or f"{settings.model_name()} (embedded)"
+    log.info("loading the model %s (device %s)", name, settings.device)
     ticker = asyncio.create_task(_still_loading(started, stage))
     try:
         engine = await asyncio.to_thread(build_engine, settings)
