@@ -12,8 +12,10 @@ useless without an NVIDIA GPU. So:
   `torch===VERSION`: the exact version without a local label, since `torch==2.13.0` is also met by
   a local 2.13.0+cpu wheel, which pip prefers (it sorts above 2.13.0).
 
-CHATLOOM_TORCH=cpu | cuda | keep overrides the GPU check (keep: install nothing, e.g. for a ROCm
-build installed by hand). Stdlib only: it runs before anything else is installed.
+A torch of that version and build already installed is kept as it is (no index needed, so a
+GPU machine without network keeps its CUDA build). CHATLOOM_TORCH=cpu | cuda | keep overrides the
+GPU check (keep: install nothing, e.g. for a ROCm build installed by hand). Stdlib only: it runs
+before anything else is installed.
 
     python deploy/pick_torch.py [--version 2.13.0] [--dry-run]
 """
@@ -53,6 +55,7 @@ class Machine:
     system: str  # platform.system(): Linux, Darwin, Windows
     gpu: str | None  # the first GPU `nvidia-smi -L` lists, None without one
     local: tuple[LocalWheel, ...] = ()  # torch wheels pip's configuration already holds on disk
+    installed: str | None = None  # the torch version this interpreter already has ("2.13.0+cpu")
 
 
 @dataclass
@@ -86,9 +89,17 @@ def choose(
         if override.strip()
         else (f"NVIDIA GPU: {machine.gpu}" if machine.gpu else "no NVIDIA GPU")
     )
+    # this build of this version already installed: pinned as it is, so pip needs no index at all
+    # (a GPU machine without network keeps its CUDA build)
+    if machine.installed is not None and machine.installed.partition("+")[0] == version:
+        label = machine.installed.partition("+")[2]
+        if _is_build(label, build, machine.system):
+            return Choice(
+                build, f"torch=={machine.installed}", reason=f"{why}; torch {machine.installed} is installed"
+            )
     same = [w for w in machine.local if w.version.partition("+")[0] == version]
     if build == "cpu":
-        local = [w for w in same if w.label == "cpu"]
+        local = [w for w in same if _is_build(w.label, "cpu", "Linux")]
         if local:
             return Choice(
                 "cpu", f"torch=={local[0].version}", reason=f"{why}; the local CPU wheel in {local[0].where}"
@@ -112,7 +123,7 @@ def choose(
             reason=f"{why}; the CPU build from {CPU_INDEX}",
         )
     # a CUDA build: a local label cuNNN, or none (the PyPI Linux wheel, which is the CUDA build)
-    local = [w for w in same if w.label.startswith("cu") or (w.label == "" and machine.system == "Linux")]
+    local = [w for w in same if _is_build(w.label, "cuda", machine.system)]
     if local:
         return Choice(
             "cuda", f"torch=={local[0].version}", reason=f"{why}; the local CUDA wheel in {local[0].where}"
@@ -123,6 +134,23 @@ def choose(
         f"torch==={version}",
         reason=f"{why}; PyPI's CUDA build (CUDA and its nvidia-* wheels, several GB)",
     )
+
+
+def _is_build(label: str, build: str, system: str) -> bool:
+    """Whether a wheel's local label (the part after "+") is `build`. Without a label, PyPI's wheel:
+    the CUDA build on Linux, the CPU build elsewhere."""
+    if build == "cpu":
+        return label == "cpu" or (label == "" and system != "Linux")
+    return label.startswith("cu") or (label == "" and system == "Linux")
+
+
+def installed_torch() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return None
 
 
 def nvidia_gpu() -> str | None:
@@ -208,7 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     python = sys.executable
-    machine = Machine(platform.system(), nvidia_gpu(), tuple(local_wheels(pip_sources(python))))
+    machine = Machine(
+        platform.system(), nvidia_gpu(), tuple(local_wheels(pip_sources(python))), installed_torch()
+    )
     try:
         choice = choose(
             args.version,

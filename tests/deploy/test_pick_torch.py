@@ -81,6 +81,23 @@ def test_a_local_wheel_of_another_version_is_not_taken():
     assert choice.pip_args == ["--extra-index-url", "https://download.pytorch.org/whl/cpu"]
 
 
+def test_an_installed_build_of_the_version_is_kept_without_any_index():
+    # a GPU machine whose torch is PyPI's CUDA build (no label): nothing to fetch, even offline
+    gpu = pick.Machine("Linux", "GPU 0: X", (CPU_WHEEL,), installed=V)
+    assert pick.choose(V, gpu, "", never_asked).requirement == f"torch=={V}"
+    cpu = pick.Machine("Linux", None, (), installed=f"{V}+cpu")
+    choice = pick.choose(V, cpu, "", never_asked)
+    assert (choice.requirement, choice.pip_args) == (
+        f"torch=={V}+cpu",
+        [],
+    ) and "is installed" in choice.reason
+    # the wrong build, or another version, is replaced
+    wrong = pick.Machine("Linux", "GPU 0: X", (), installed=f"{V}+cpu")
+    assert pick.choose(V, wrong, "", never_asked).requirement == f"torch==={V}"
+    older = pick.Machine("Linux", None, (CPU_WHEEL,), installed="2.11.0+cpu")
+    assert pick.choose(V, older, "", never_asked).reason.endswith("the local CPU wheel in /wheels")
+
+
 def test_the_override():
     machine = pick.Machine("Linux", "GPU 0: X", (CPU_WHEEL,))
     assert pick.choose(V, machine, "cpu", never_asked).requirement == f"torch=={V}+cpu"
@@ -129,7 +146,8 @@ def _script(
     if pip_config is not None:
         env["PIP_CONFIG_FILE"] = pip_config
     return subprocess.run(
-        [sys.executable, str(SCRIPT), "--version", V, "--dry-run", *args],
+        # -S: without site-packages the script sees no installed torch (it needs only the stdlib)
+        [sys.executable, "-S", str(SCRIPT), "--version", V, "--dry-run", *args],
         capture_output=True,
         text=True,
         env=env,
