@@ -288,6 +288,7 @@ function openSession(sid, assistantId) {
   stopReply();
   if (assistantId && assistantId !== state.assistant) setAssistant(assistantId);
   setSession(sid);
+  $("messages").replaceChildren(); // the other chat's messages go at once; this one's follow
   loadHistory();
   loadSessions();
   $("input").focus();

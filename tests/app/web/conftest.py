@@ -21,7 +21,7 @@ DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # Playwright's loop ends with the module: async tests follow
 def browser():
     sync_api = pytest.importorskip(
         "playwright.sync_api", reason="playwright is not installed (pip install -e .[dev])"

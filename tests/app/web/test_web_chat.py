@@ -169,7 +169,9 @@ def test_chats_are_titled_renamable_and_searchable(open_chat, fake_server, scrip
     page.get_by_role("button", name=re.compile("^Lisbon trip")).click()
     page.wait_for_function("() => document.getElementById('title').textContent === 'Lisbon trip'")
     assert current_session(page) == first
-    assert page.locator(".msg.user .bubble").inner_text().startswith("Plan a weekend")
+    page.wait_for_function(
+        "() => document.querySelector('.msg.user .bubble')?.textContent.startsWith('Plan a weekend')"
+    )
 
 
 def test_settings_panel_sends_this_browsers_options(open_chat, fake_engine, script):
