@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # the app's Host check (CHATLOOM_ALLOWED_HOSTS) with Starlette's TestClient's own host name added:
 # "testserver", a single-label name no DNS resolves (tests of the check itself set their own list)
 os.environ.setdefault("CHATLOOM_ALLOWED_HOSTS", "localhost,127.0.0.1,::1,testserver")
+# the default store of an app whose test names none (app.paths): a fresh folder per run, never the
+# user's ~/.local/share/chatloom
+os.environ.setdefault("CHATLOOM_DATA_DIR", tempfile.mkdtemp(prefix="chatloom-tests-"))
 
 
 @pytest.fixture(scope="session")

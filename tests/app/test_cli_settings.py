@@ -23,8 +23,8 @@ def test_settings_from_environment(monkeypatch):
     assert s.api_key.get_secret_value() == "k1" and s.port == 9001
     assert s.cors_origins == ["http://a.test", "http://b.test"]
     assert "k1" not in repr(s)
-    # the per-user data folder's store (tests/app/test_first_run.py)
-    assert s.database_url.endswith("/chatloom/chatloom.db") and s.n8n_history_table == "n8n_chat_histories"
+    # the data folder's store (tests/app/test_first_run.py)
+    assert s.database_url.endswith("/chatloom.db") and s.n8n_history_table == "n8n_chat_histories"
 
 
 def test_flags_override_environment(monkeypatch, tmp_path):
