@@ -97,7 +97,7 @@ _ENGINE_FLAGS: dict[str, tuple[Any, str]] = {
     "block_size": (int, "tokens a KV-cache block holds, a power of two (default: 32 on CUDA, 16 on CPU)"),
     "gpu_memory_utilization": (float, "fraction of free GPU memory the KV cache may take (default 0.85)"),
     "cpu_kv_cache_bytes": (int, "KV cache bytes on the CPU when --num-kv-blocks is unset"),
-    "max_num_batched_tokens": (int, "token budget of one engine step (default 8192)"),
+    "max_num_batched_tokens": (int, "token budget of one engine step (default: 8192 on CUDA, 2048 on CPU)"),
     "enable_prefix_caching": (bool, "reuse the KV blocks of a shared prompt prefix (default on)"),
     "enable_chunked_prefill": (bool, "split long prompts over steps (default on)"),
     "enforce_eager": (bool, "no CUDA graphs (debugging)"),

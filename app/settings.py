@@ -32,7 +32,7 @@ class Settings(BaseSettings):
     block_size: int | None = None
     gpu_memory_utilization: float = 0.85
     cpu_kv_cache_bytes: int = 256 << 20
-    max_num_batched_tokens: int = 8192
+    max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     async_scheduling: bool | None = None

@@ -19,7 +19,9 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.85  # fraction of free device memory the KV pool may take
     cpu_kv_cache_bytes: int = 256 << 20  # KV pool budget on the CPU when num_kv_blocks is None
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192  # token budget of one step (prefill chunks + decodes)
+    # token budget of one step (prefill chunks + decodes); None: 8192 on CUDA, 2048 on the CPU (a CPU
+    # step's activations and scratch grow with it, and a long step stalls every stream's next token)
+    max_num_batched_tokens: int | None = None
     max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
     device: str = "auto"  # auto: cuda when available, else cpu
@@ -65,8 +67,10 @@ class EngineConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
 
-        for name in ("max_num_seqs", "max_num_batched_tokens", "num_speculative_tokens"):
+        for name in ("max_num_seqs", "num_speculative_tokens"):
             positive(name)
+        if self.max_num_batched_tokens is not None:
+            positive("max_num_batched_tokens")
         if self.block_size is not None:
             positive("block_size")
             if self.block_size & (self.block_size - 1):
@@ -105,6 +109,7 @@ class EngineConfig:
         if (
             not self.enable_chunked_prefill
             and self.max_model_len is not None
+            and self.max_num_batched_tokens is not None
             and self.max_num_batched_tokens < self.max_model_len
         ):
             raise ValueError(
@@ -122,6 +127,13 @@ class EngineConfig:
         if self.block_size is not None:
             return self.block_size
         return 32 if device.startswith("cuda") else 16
+
+    def resolve_max_num_batched_tokens(self, device: str) -> int:
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        if device.startswith("cuda") or not self.enable_chunked_prefill:  # unchunked: a prompt per step
+            return 8192
+        return 2048
 
     def resolve_dtype(self, device: str):
         import torch

@@ -55,6 +55,7 @@ class EngineCore:
         self.device = torch.device(config.resolve_device())
         self.dtype = config.resolve_dtype(self.device.type)
         config.block_size = config.resolve_block_size(self.device.type)
+        config.max_num_batched_tokens = config.resolve_max_num_batched_tokens(self.device.type)
         self.hf_config = load_hf_config(config.model, config.hf_overrides)
         self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or config.model)
         native = int(getattr(self.hf_config, "max_position_embeddings", 4096))
