@@ -9,9 +9,12 @@ Limits (environment, CHATLOOM_ prefix like app.settings):
     CHATLOOM_MAX_QUEUED_TOKENS_PER_PRINCIPAL  prompt tokens of its requests in the engine; 262144
     CHATLOOM_RATE_LIMIT_RETRY_AFTER_S         the Retry-After answered; 1
 
-A request holds its share from the moment its prompt is prepared (Serving.prepare calls admit())
-until its Prepared object is dropped, which happens when its response has been sent or its stream
-has closed (a weakref finalizer: every exit path releases it, errors included)."""
+A request holds its share from the moment its prompt is prepared (Serving.prepare calls admit(),
+/v1/completions hold()) until its Prepared (or EngineRun) object is dropped, which happens when its
+response has been sent or its stream has closed (a weakref finalizer: every exit path releases it,
+errors included). A webhook turn (app.agent.turn) takes its caller's share for each model call and
+gives it back when the call ends; its route checks the share first (check()), so that a caller
+already at its limit gets the 429 before a stream starts."""
 
 from __future__ import annotations
 
@@ -98,6 +101,10 @@ class Admission:
                 del self._usage[principal]
         raise RateLimited(message, self.retry_after_s)
 
+    def check(self, principal: str, seqs: int = 1, tokens: int = 0) -> None:
+        """RateLimited if acquire(principal, seqs, tokens) would be refused now; takes nothing."""
+        self.acquire(principal, seqs, tokens).release()
+
     def _release(self, principal: str, seqs: int, tokens: int) -> None:
         with self._lock:
             u = self._usage.get(principal)
@@ -130,14 +137,25 @@ def current_principal() -> str:
     return current().id
 
 
-def admit(serving: Any, prep: Any) -> None:
-    """Hold prep's sequences (params.n) and prompt tokens against the current caller's share until
-    prep is dropped; 429 beyond it. The Admission lives on the Serving (one per app)."""
+def admission_of(serving: Any) -> Admission:
+    """The Admission of this app, made on first use; it lives on the Serving (one per app)."""
     admission = getattr(serving, "admission", None)
     if admission is None:
         admission = serving.admission = Admission.from_settings(serving.settings.max_num_seqs)
-    lease = admission.acquire(current_principal(), prep.params.n, len(prep.prompt_ids))
-    weakref.finalize(prep, lease.release)
+    return admission
+
+
+def hold(serving: Any, holder: Any, seqs: int, tokens: int) -> _Lease:
+    """Hold seqs sequences and tokens prompt tokens against the current caller's share until holder
+    is dropped, or the lease returned is released, whichever comes first; 429 beyond it."""
+    lease = admission_of(serving).acquire(current_principal(), seqs, tokens)
+    weakref.finalize(holder, lease.release)
+    return lease
+
+
+def admit(serving: Any, prep: Any) -> None:
+    """hold() prep's sequences (params.n) and prompt tokens until prep is dropped."""
+    hold(serving, prep, prep.params.n, len(prep.prompt_ids))
 
 
 async def _on_rate_limited(request: Request, exc: RateLimited) -> JSONResponse:

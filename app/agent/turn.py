@@ -21,6 +21,7 @@ import anyio
 import httpx
 
 from app.agent import replay
+from app.agent.refusal import end_if_refused
 from app.agent.targets import TargetPolicy
 from app.agent.usage import TurnUsage
 from app.agent.webhooks import ToolResult, call_webhook
@@ -94,6 +95,8 @@ class TurnDeps:
     db: Database
     http: httpx.AsyncClient
     targets: TargetPolicy = field(default_factory=TargetPolicy)  # where webhook tools may connect
+    # the app's per-caller shares (app.admission.Admission); None: unlimited
+    admission: Any = None
 
 
 _session_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
@@ -280,6 +283,8 @@ async def _run_turn_locked(
         user_row = await repo.add_message(s, db.history, session_id, "user", user_text)
     if unanswered is not None:
         unanswered.append(user_row.id)
+    stored = [user_row.id]  # this turn's messages: a turn ended by a refused tool target takes them back
+    refused_tools: set[str] = set()
     async with db.session() as s:
         history = [m.to_replay() for m in await repo.get_messages(s, db.history, session_id)]
 
@@ -325,9 +330,17 @@ async def _run_turn_locked(
         made = _Round()
         shown.clear()
         parse_calls = bool(tools) and choice != "none"
-        async for piece in _generate(engine, prompt_ids, params, session_id, parse_calls, stops, made, usage):
-            shown.append(piece)
-            yield piece
+        # the caller's share of sequences and prompt tokens (app.admission) for this model call: 429 beyond
+        lease = deps.admission.acquire(principal.id, 1, len(prompt_ids)) if deps.admission else None
+        try:
+            async for piece in _generate(
+                engine, prompt_ids, params, session_id, parse_calls, stops, made, usage
+            ):
+                shown.append(piece)
+                yield piece
+        finally:
+            if lease is not None:
+                lease.release()
 
         text, calls = "".join(made.content), made.calls
         openai_calls = [
@@ -335,7 +348,7 @@ async def _run_turn_locked(
             for c in calls
         ] or None
         async with db.session() as s:
-            await repo.add_message(
+            row = await repo.add_message(
                 s,
                 db.history,
                 session_id,
@@ -344,6 +357,7 @@ async def _run_turn_locked(
                 tool_calls=openai_calls,
                 token_ids=made.token_ids,
             )
+            stored.append(row.id)
         shown.clear()  # stored: a stop from here on has nothing more to keep
         if unanswered is not None:
             unanswered.clear()  # answered: the user message stays whatever happens next
@@ -354,6 +368,7 @@ async def _run_turn_locked(
             return
 
         results = await asyncio.gather(*(_run_tool(deps, spec, c) for c in calls))
+        end_if_refused(calls, results, choice, refused_tools, stored, unanswered)
         async with db.session() as s:
             for call, result in zip(calls, results, strict=True):
                 await repo.add_message(

@@ -34,10 +34,16 @@ MAX_RESULT_CHARS = 16_000  # longer results are cut: they go into the prompt
 class ToolResult:
     content: str  # what the model sees
     ok: bool
+    # why the target may never be called (TargetPolicy, an invalid url): trying again cannot help
+    refused: str | None = None
 
 
 def _error(message: str) -> ToolResult:
     return ToolResult(json.dumps({"error": message}), ok=False)
+
+
+def _refused(reason: str) -> ToolResult:
+    return ToolResult(json.dumps({"error": f"the webhook target is refused: {reason}"}), False, reason)
 
 
 def _cut(text: str) -> str:
@@ -72,17 +78,17 @@ async def call_webhook(
     try:
         target = httpx.URL(url)
     except httpx.InvalidURL as exc:
-        return _error(f"the webhook url is not valid: {exc}")
+        return _refused(f"the webhook url is not valid: {exc}")
     reason = policy.refusal_for_url(str(target))
     if reason:
         log.warning("webhook %s refused: %s", target.host, reason)
-        return _error(f"the webhook target is refused: {reason}")
+        return _refused(reason)
     try:
         port = target.port or (443 if target.scheme == "https" else 80)
         addresses = await asyncio.wait_for(policy.resolve(target.host, port), timeout)
     except TargetRefused as exc:
         log.warning("webhook %s refused: %s", target.host, exc)
-        return _error(f"the webhook target is refused: {exc}")
+        return _refused(str(exc))
     except TimeoutError:
         return _error(f"the webhook's host did not resolve within {timeout:g} s")
     request: dict[str, Any] = {"timeout": timeout, "follow_redirects": False}

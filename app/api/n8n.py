@@ -34,6 +34,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import UploadFile
 
+from app.admission import admission_of
 from app.agent.overrides import apply_options
 from app.agent.targets import TargetPolicy
 from app.agent.turn import AssistantSpec, TurnDeps, run_turn
@@ -225,7 +226,9 @@ async def chat(assistant_id: str, request: Request, db: DB, http: HTTP):
         ) is None and await repo.session_exists(s, db.history, session_id):
             raise repo.session_not_found(session_id)
     engine = get_engine(request)  # not a dependency: loadPreviousSession works without a model
-    deps = TurnDeps(engine, db, http, TargetPolicy.from_settings(settings))
+    admission = admission_of(request.app.state.serving)
+    admission.check(caller.id)  # a caller at its limit gets the 429 before a stream starts
+    deps = TurnDeps(engine, db, http, TargetPolicy.from_settings(settings), admission)
     usage = TurnUsage()
     pieces = run_turn(deps, spec, session_id, text, principal=caller, usage=usage)
 

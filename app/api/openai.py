@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from app.admission import hold
 from app.chat.generation import (
     EngineRun,
     check_context,
@@ -108,6 +109,8 @@ async def completions(body: CompletionRequest, request: Request, serving: Servin
     created = int(time.time())
     echo = await asyncio.to_thread(serving.tokenizer.decode, prompt_ids) if body.echo else ""
     run = EngineRun(serving.engine, prompt_ids, params, rid, serving.metrics)
+    # 429 beyond the caller's share, as chat completions; released when the response ends (or run goes)
+    lease = hold(serving, run, body.n, len(prompt_ids))
     base = {"id": rid, "object": "text_completion", "created": created, "model": model}
     want_lp = body.logprobs is not None
 
@@ -146,6 +149,7 @@ async def completions(body: CompletionRequest, request: Request, serving: Servin
                 yield SSE_DONE
             finally:
                 await run.close()
+                lease.release()
 
         return sse_response(stream())
 
@@ -162,6 +166,7 @@ async def completions(body: CompletionRequest, request: Request, serving: Servin
     finally:
         watcher.cancel()
         await run.close()
+        lease.release()
     choices = [
         {
             "index": i,
