@@ -103,3 +103,31 @@ def test_slopes_equal_transformers(num_heads):
     # MPT's tensor is slope * (k - (L - 1)) for L = 2 keys: its first column is -slope
     want = -build_mpt_alibi_tensor(num_heads, 2)[:, 0, 0]
     assert torch.equal(mpt_slopes(num_heads), want.float())
+
+
+@pytest.mark.slow  # 30 s on two loaded cores: three engines
+def test_checkpoint_errors_and_dummy_weights(alibi_case, tmp_path):
+    """A checkpoint missing a weight, or with one our model lacks, is refused by name; load_format
+    "dummy" builds the same model with random weights (benchmarks)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    arch, path, _ = alibi_case
+    tensors = load_file(str(path / "model.safetensors"))
+    qkv = next(n for n in tensors if n.endswith(("query_key_value.weight", "Wqkv.weight")))
+    cases = {
+        "lacks weights for: layers.0.self_attn.qkv": lambda t: t.pop(qkv),
+        "unexpected weight 'extra'": lambda t: t.update(extra=t[qkv].clone()),
+    }
+    for i, (match, edit) in enumerate(cases.items()):
+        bad = tmp_path / str(i)
+        shutil.copytree(path, bad)
+        changed = dict(tensors)
+        edit(changed)
+        save_file(changed, str(bad / "model.safetensors"))
+        with pytest.raises(ValueError, match=match):
+            _llm(bad, num_kv_blocks=16)
+    llm = _llm(path, num_kv_blocks=64, load_format="dummy")
+    assert isinstance(llm.core.runner.model, AlibiForCausalLM)
+    assert len(llm.generate([[1, 2, 3]], GREEDY)[0].token_ids) == GREEDY.max_tokens
