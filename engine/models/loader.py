@@ -44,6 +44,8 @@ def load_hf_config(model_path: str, overrides: dict | None = None):
         named = ", ".join(archs) or f"model_type {config.model_type!r}"
         known = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
         raise ValueError(f"unsupported architecture {named}; chatloom supports {known}")
+    if config.model_type == "mpt":  # MPT names its context max_seq_len (raise it with hf_overrides)
+        config.max_position_embeddings = config.max_seq_len
     return config
 
 
