@@ -73,14 +73,16 @@ async def rewind(s: AsyncSession, history: sa.Table, session_id: str) -> tuple[s
     )
     if last_user is None:
         return None
-    doomed = sa.select(Message.n8n_row_id).where(
-        Message.session_id == session_id, Message.id >= last_user.id, Message.n8n_row_id.is_not(None)
-    )
-    n8n_ids = list((await s.scalars(doomed)).all())
+    doomed = (
+        await s.execute(
+            sa.select(Message.id, Message.n8n_row_id).where(
+                Message.session_id == session_id, Message.id >= last_user.id
+            )
+        )
+    ).all()
+    n8n_ids = [row_id for _, row_id in doomed if row_id is not None]
     text = last_user.content
-    gone = await s.execute(
-        sa.delete(Message).where(Message.session_id == session_id, Message.id >= last_user.id)
-    )
+    await s.execute(sa.delete(Message).where(Message.session_id == session_id, Message.id >= last_user.id))
     if n8n_ids:
         await s.execute(sa.delete(history).where(history.c.id.in_(n8n_ids)))
-    return text, gone.rowcount
+    return text, len(doomed)

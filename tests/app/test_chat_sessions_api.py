@@ -174,3 +174,20 @@ def test_the_end_line_carries_token_counts_and_speed(fake_server, fake_engine, s
     n = len(fake_engine.tokenizer.encode("one two three four five six", add_special_tokens=False))
     assert usage["completion_tokens"] == n and usage["prompt_tokens"] == len(prompt)
     assert usage["seconds"] >= 0 and (usage["tokens_per_second"] is None or usage["tokens_per_second"] > 0)
+
+
+def test_anonymous_callers_may_not_send_options():
+    from app.agent.overrides import apply_options
+    from app.agent.turn import AssistantSpec
+    from app.errors import APIError
+    from app.principal import OPEN, webhook_principal
+
+    spec = AssistantSpec("a", system_prompt="Own prompt.", sampling={"temperature": 0.7})
+    anonymous = webhook_principal("a", anonymous=True)
+    assert apply_options(spec, None, anonymous) is spec  # nothing asked: nothing refused
+    with pytest.raises(APIError) as exc:
+        apply_options(spec, {"temperature": 0.1}, anonymous)
+    assert exc.value.status_code == 403 and exc.value.param == "options"
+    changed = apply_options(spec, {"temperature": 0.1, "system_prompt": None}, OPEN)
+    assert changed.sampling == {"temperature": 0.1} and changed.system_prompt == "Own prompt."
+    assert spec.sampling == {"temperature": 0.7}  # the stored assistant's snapshot is untouched
