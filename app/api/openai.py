@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from app.admission import hold
+from app.chat.chunks import SSE_DONE, sse
 from app.chat.generation import (
     EngineRun,
     check_context,
@@ -19,7 +20,7 @@ from app.chat.generation import (
     sampling_fields,
     watch_disconnect,
 )
-from app.chat.serving import SSE_DONE, rejected_as_400, sse
+from app.chat.serving import rejected_as_400
 from app.deps import ApiKey, ServingDep
 from app.errors import APIError
 from app.schemas.chat import ChatCompletion, ChatCompletionRequest

@@ -10,8 +10,10 @@ from fastapi.responses import JSONResponse
 
 from app.api.openai import sse_response
 from app.chat import responses as convert
+from app.chat.chunks import cut_short
 from app.chat.generation import new_id, sampling_fields
-from app.chat.serving import Prepared, Serving, check_tools, cut_short
+from app.chat.messages import check_tools
+from app.chat.serving import Prepared, Serving
 from app.deps import ApiKey, ServingDep
 from app.errors import APIError
 from app.schemas.responses import Response, ResponsesRequest

@@ -7,9 +7,9 @@ import time
 import uuid
 from typing import Any
 
-from app.chat.serving import content_text
+from app.chat.messages import content_text
 from app.chat.template import ChatMessage
-from app.chat.tool_parser import CallArgs, CallStart, Content, Event
+from app.chat.tool_events import CallArgs, CallStart, Content, Event
 from app.errors import APIError
 from app.schemas.responses import (
     FunctionCallItem,

@@ -1,10 +1,10 @@
 """Chat completions over the engine: request -> prompt ids + SamplingParams -> JSON or SSE chunks.
-The Responses API reuses prepare() with its own input conversion."""
+The Responses API reuses prepare() with its own input conversion. The request's messages are
+app.chat.messages' conversion, the wire's chunks and choices app.chat.chunks'."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 
 from app.admission import admit
+from app.chat.chunks import SSE_DONE, Choice, cut_short, deltas, finish_reason, sse
 from app.chat.constraints import build_constraint
 from app.chat.generation import (
     EngineRun,
@@ -24,34 +25,18 @@ from app.chat.generation import (
     sampling_fields,
     watch_disconnect,
 )
+from app.chat.messages import chat_messages, check_tools, session_messages
 from app.chat.template import ChatMessage, PromptRenderer
-from app.chat.tool_parser import CallArgs, CallStart, Content, Event, ToolCallParser
+from app.chat.tool_parser import ToolCallParser
 from app.errors import APIError, error_body
 from app.metrics import Metrics
 from app.schemas.chat import (
-    AssistantMessage,
     ChatCompletionRequest,
     NamedToolChoice,
-    ToolMessage,
 )
 from app.settings import Settings
 
 log = logging.getLogger("chatloom.serving")
-
-
-def sse(data: Any) -> bytes:
-    return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
-
-
-SSE_DONE = b"data: [DONE]\n\n"
-
-
-def content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(part.text for part in content)
 
 
 @dataclass
@@ -82,92 +67,6 @@ class Prepared:
                 await forget(self.db, self.session_id, ids)
             except APIError as exc:  # the store is down: its own log line says so
                 log.warning("could not remove the failed turn's messages of %s: %s", self.session_id, exc)
-
-
-@dataclass
-class Choice:
-    """Accumulated result of one sample for a non-streaming answer."""
-
-    content: list[str] = field(default_factory=list)
-    calls: list[dict[str, Any]] = field(default_factory=list)
-    logprobs: list[dict[str, Any]] = field(default_factory=list)
-    engine_reason: str | None = None
-    token_ids: list[int] = field(default_factory=list)
-    stop_reason: str | int | None = None
-    events: list[Event] = field(default_factory=list)  # in generation order (Responses output items)
-
-    def add(self, events: list[Event]) -> None:
-        self.events += events
-        for ev in events:
-            if isinstance(ev, Content):
-                self.content.append(ev.text)
-            elif isinstance(ev, CallStart):
-                self.calls.append(
-                    {"id": ev.id, "type": "function", "function": {"name": ev.name, "arguments": ""}}
-                )
-            elif isinstance(ev, CallArgs):
-                self.calls[ev.index]["function"]["arguments"] += ev.fragment
-
-
-def finish_reason(engine_reason: str | None, made_calls: bool, cut: bool = False) -> str:
-    """The wire's finish_reason; cut: the grammar's token budget ended the reply (see cut_short)."""
-    if engine_reason == "length" or cut:
-        return "length"
-    return "tool_calls" if made_calls else "stop"
-
-
-def cut_short(params: Any, engine_reason: str | None, stop_reason: Any, n_tokens: int) -> bool:
-    """Whether a reply that ended with EOS was cut by max_tokens. Under a grammar the token budget
-    (grammar.budget) closes an open call or JSON value so that it ends exactly at max_tokens,
-    and the engine then reports "stop": a reply that used the whole budget was cut short."""
-    if engine_reason != "stop" or stop_reason is not None:
-        return False
-    limit = getattr(params, "max_tokens", None)
-    return getattr(params, "constraint", None) is not None and limit is not None and n_tokens >= limit
-
-
-def chat_messages(req: ChatCompletionRequest) -> list[ChatMessage]:
-    out: list[ChatMessage] = []
-    for m in req.messages:
-        role = "system" if m.role == "developer" else m.role
-        if isinstance(m, AssistantMessage):
-            calls = [c.model_dump() for c in m.tool_calls] if m.tool_calls else None
-            out.append(ChatMessage("assistant", content_text(m.content), tool_calls=calls))
-        elif isinstance(m, ToolMessage):
-            out.append(ChatMessage("tool", content_text(m.content), tool_call_id=m.tool_call_id))
-        else:
-            out.append(ChatMessage(role, content_text(m.content), name=m.name))
-    return out
-
-
-def session_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
-    """The request's messages as the conversation store takes them: content as plain text (list
-    content parts joined), None fields left out."""
-    out = []
-    for m in req.messages:
-        data = m.model_dump(exclude_none=True)
-        if "content" in data:
-            data["content"] = content_text(m.content)
-        out.append(data)
-    return out
-
-
-def check_tools(tools: list[dict[str, Any]] | None, tool_choice: Any) -> None:
-    """400 for tool_choice that cannot be honoured with the given tools."""
-    names = [t["function"]["name"] for t in tools or []]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise APIError(
-            f"Function names in 'tools' must be unique; repeated: {', '.join(dupes)}.", param="tools"
-        )
-    if tool_choice == "required" and not names:
-        raise APIError("tool_choice 'required' needs at least one tool in 'tools'.", param="tool_choice")
-    if isinstance(tool_choice, dict):
-        name = tool_choice["function"]["name"]
-        if name not in names:
-            raise APIError(
-                f"tool_choice names function {name!r}, which is not in 'tools'.", param="tool_choice"
-            )
 
 
 class Serving:
@@ -486,30 +385,3 @@ async def rejected_as_400(run: EngineRun) -> AsyncIterator[Any]:
         if started:
             raise
         raise APIError(f"The engine rejected the request: {exc}") from exc
-
-
-def deltas(events: list[Event]) -> list[dict[str, Any]]:
-    """Parser events -> chat chunk deltas; neighbouring text or argument pieces are merged."""
-    out: list[dict[str, Any]] = []
-    for ev in events:
-        last = out[-1] if out else None
-        if isinstance(ev, Content):
-            if last is not None and "content" in last:
-                last["content"] += ev.text
-            else:
-                out.append({"content": ev.text})
-        elif isinstance(ev, CallStart):
-            call = {
-                "index": ev.index,
-                "id": ev.id,
-                "type": "function",
-                "function": {"name": ev.name, "arguments": ""},
-            }
-            out.append({"tool_calls": [call]})
-        else:
-            prev = last["tool_calls"][0] if last is not None and "tool_calls" in last else None
-            if prev is not None and prev["index"] == ev.index and "id" not in prev:
-                prev["function"]["arguments"] += ev.fragment
-            else:
-                out.append({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.fragment}}]})
-    return out

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from app.chat.serving import cut_short, finish_reason
+from app.chat.chunks import cut_short, finish_reason
 from app.json_guard import MAX_DEPTH, check_body
 
 CHAT = "/v1/chat/completions"
