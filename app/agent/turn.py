@@ -26,7 +26,8 @@ from app.agent.targets import TargetPolicy
 from app.agent.usage import TurnUsage
 from app.agent.webhooks import ToolResult, call_webhook
 from app.chat.constraints import build_constraint
-from app.chat.tool_parser import CallArgs, CallStart, Content, ParsedCall, ToolCallParser
+from app.chat.tool_events import CallArgs, CallStart, Content, ParsedCall
+from app.chat.tool_parser import ToolCallParser
 from app.errors import APIError
 from app.memory import repository as repo
 from app.memory.db import Database

@@ -4,10 +4,11 @@ The model writes calls in its family's dialect (grammar/dialects.py), by default
     <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>
 Mistral's `[TOOL_CALLS][{...}, {...}]` and Llama 3's bare `{"name": ..., "parameters": ...}` (the
 whole reply, calls separated by ";") are read the same way.
-Text deltas go in with feed(); out come events: Content (text outside calls), CallStart (index, id,
-name: emitted once the name is complete) and CallArgs (fragments of the arguments JSON, streamed as
-generated). Joined fragments equal what the same text fed whole produces. Call markup never reaches
-Content: partial tags at the end of a delta are held back until they can be decided.
+Text deltas go in with feed(); out come events (app.chat.tool_events): Content (text outside calls),
+CallStart (index, id, name: emitted once the name is complete) and CallArgs (fragments of the
+arguments JSON, streamed as generated). Joined fragments equal what the same text fed whole produces.
+Call markup never reaches Content: partial tags at the end of a delta are held back until they can be
+decided.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import re
 import secrets
 import string
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 
+from app.chat.tool_events import CallArgs, CallStart, Content, Event, ParsedCall, collect
 from grammar.dialects import HERMES, Dialect
 
 _ID_CHARS = string.ascii_letters + string.digits
@@ -41,26 +42,6 @@ class ToolCallFormat:
         self.list_form = dialect.list_form
         self.sep = dialect.sep.strip()  # between calls of the list / bare forms
 
-
-@dataclass
-class Content:
-    text: str
-
-
-@dataclass
-class CallStart:
-    index: int
-    id: str
-    name: str
-
-
-@dataclass
-class CallArgs:
-    index: int
-    fragment: str
-
-
-Event = Content | CallStart | CallArgs
 
 # `{"name": "<name>", "arguments": ` (also "parameters"), the prefix every well-ordered call has
 _HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
@@ -382,13 +363,6 @@ class ToolCallParser:
         return True
 
 
-@dataclass
-class ParsedCall:
-    id: str
-    name: str
-    arguments: str
-
-
 def parse_whole(
     text: str,
     enabled: bool = True,
@@ -398,17 +372,3 @@ def parse_whole(
     """Non-streaming: (content or None, calls) of a finished text, through the same parser."""
     parser = ToolCallParser(enabled, fmt, id_factory)
     return collect(parser.feed(text) + parser.finish())
-
-
-def collect(events: list[Event]) -> tuple[str | None, list[ParsedCall]]:
-    content: list[str] = []
-    calls: list[ParsedCall] = []
-    for ev in events:
-        if isinstance(ev, Content):
-            content.append(ev.text)
-        elif isinstance(ev, CallStart):
-            calls.append(ParsedCall(ev.id, ev.name, ""))
-        else:
-            calls[ev.index].arguments += ev.fragment
-    text = "".join(content)
-    return (text if text else None), calls

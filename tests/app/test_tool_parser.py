@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from app.chat.serving import deltas
-from app.chat.tool_parser import CallArgs, CallStart, Content, ToolCallParser, collect, parse_whole
+from app.chat.chunks import deltas
+from app.chat.tool_events import CallArgs, CallStart, Content, collect
+from app.chat.tool_parser import ToolCallParser, parse_whole
 
 
 def ids():
