@@ -286,6 +286,7 @@ def _compile_tma_tail(tmp: Path) -> int:
     within the shared memory, no spills, one bulk tensor copy per box. Returns the failures."""
     try:
         from kernels import decode_tail_tma as tma
+        from kernels import decode_tail_tma_plan as tma_plan
     except ImportError as exc:
         print(f"skip _tail_tma_kernel: {exc}")
         return 0
@@ -296,11 +297,11 @@ def _compile_tma_tail(tmp: Path) -> int:
     for has_next in (True, False):
         nxt = (r(1024), 1e-6, r(4096, 1024), None) if has_next else (None, 1e-6, None, None)
         w = TailWeights(r(1024, 2048), None, r(1024), 1e-6, r(6144, 1024), None, r(1024, 3072), None, *nxt)
-        p = tma._plan_for(w, torch.device("cpu"))
+        p = tma_plan._plan_for(w, torch.device("cpu"))
         name = f"_tail_tma_kernel bf16 next={has_next}"
         try:
             with record_launches():  # configured as on the H200 (programmatic dependent launch)
-                _, args, kwargs, _ = tma.launch_args(r(1, 2048), r(1, 1024), w, p)
+                _, args, kwargs, _ = tma_plan.launch_args(r(1, 2048), r(1, 1024), w, p)
             compiled = compile_gluon(tma._tail_tma_kernel, args, kwargs)
         except Exception as exc:
             print(f"FAIL {name}: {type(exc).__name__}: {exc}")
@@ -310,7 +311,8 @@ def _compile_tma_tail(tmp: Path) -> int:
         copies = compiled.asm["ptx"].count("cp.async.bulk.tensor.3d")
         boxes = p.gu[0] + p.down[1] + p.qkv[0]
         pdl_ok, pdl = _pdl_check(compiled, kwargs)
-        bad = bool(stack) or copies != boxes or not p.shared <= compiled.metadata.shared <= tma.SHARED_LIMIT
+        fits_shared = p.shared <= compiled.metadata.shared <= tma_plan.SHARED_LIMIT
+        bad = bool(stack) or copies != boxes or not fits_shared
         bad = bad or not (pdl_ok and kwargs["PDL"])  # launched after the decode attention, overlapping it
         failures += bad
         print(f"{'FAIL' if bad else 'ok'} {name} shared={compiled.metadata.shared} regs={regs} stack={stack} "

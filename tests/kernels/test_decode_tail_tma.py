@@ -15,35 +15,37 @@ from tests.kernels.test_decode_tail import QWEN3_06B, _close, _weights
 from tests.kernels.test_gemv import _randn
 
 tma = pytest.importorskip("kernels.decode_tail_tma")
+tma_plan = pytest.importorskip("kernels.decode_tail_tma_plan")
 
 
 def test_plan_splits_the_qwen3_shapes_into_boxes():
-    p = tma.plan(1024, 2048, 3072, 4096, 132)
+    p = tma_plan.plan(1024, 2048, 3072, 4096, 132)
     assert p.programs == 128 and p.r1 == 8
     assert p.gu == (3, 16) and p.down == (8, 3, 4) and p.qkv == (1, 32)
-    assert p.shared == 2 * 1024 * (48 + 8 * 3 + 32) and p.shared + 4096 <= tma.SHARED_LIMIT
-    assert tma.plan(1024, 2048, 3072, None, 132).qkv == (0, 1)  # the last layer: no next qkv
+    assert p.shared == 2 * 1024 * (48 + 8 * 3 + 32) and p.shared + 4096 <= tma_plan.SHARED_LIMIT
+    assert tma_plan.plan(1024, 2048, 3072, None, 132).qkv == (0, 1)  # the last layer: no next qkv
 
 
 def test_plan_aliases_the_next_qkv_into_gate_up_buffers():
     """TmaPlan.alias: the next qkv's 32 rows a program as two boxes of gate_up's height, in gate_up's three
     buffers, so the copies take 64 KB less shared memory (room for a decode attention program beside)."""
-    p = tma.plan(1024, 2048, 3072, 4096, 132, alias=True)
+    p = tma_plan.plan(1024, 2048, 3072, 4096, 132, alias=True)
     assert p.alias and p.gu == (3, 16) and p.qkv == (2, 16)
-    assert p.shared == 2 * 1024 * (48 + 8 * 3) == tma.plan(1024, 2048, 3072, 4096, 132).shared - 2 * 1024 * 32
-    assert not tma.plan(1024, 2048, 3072, None, 132, alias=True).alias  # no next qkv: nothing to alias
+    apart = tma_plan.plan(1024, 2048, 3072, 4096, 132)
+    assert p.shared == 2 * 1024 * (48 + 8 * 3) == apart.shared - 2 * 1024 * 32
+    assert not tma_plan.plan(1024, 2048, 3072, None, 132, alias=True).alias  # no next qkv: nothing to alias
     # next-qkv rows that are not whole gate_up boxes: separate buffers
-    small = tma.plan(1024, 2048, 3072, 1024, 132, alias=True)
+    small = tma_plan.plan(1024, 2048, 3072, 1024, 132, alias=True)
     assert small is not None and not small.alias and small.qkv == (1, 8)
     w = _weights(*QWEN3_06B, torch.bfloat16)
-    assert tma._plan_for(w, torch.device("cpu")).alias  # the engine's plan
+    assert tma_plan._plan_for(w, torch.device("cpu")).alias  # the engine's plan
 
 
 def test_plan_refuses_what_does_not_divide_or_fit():
-    assert tma.plan(1000, 2048, 3072, 4096, 132) is None  # H not whole chunks
-    assert tma.plan(1024, 2048, 3000, 4096, 132) is None  # I not whole chunks
-    assert tma.plan(2048, 4096, 8192, 6144, 132) is None  # slices past the shared memory
-    assert tma.plan(1024, 2048, 3072, 4096 + 64, 132) is None  # next qkv rows do not divide
+    assert tma_plan.plan(1000, 2048, 3072, 4096, 132) is None  # H not whole chunks
+    assert tma_plan.plan(1024, 2048, 3000, 4096, 132) is None  # I not whole chunks
+    assert tma_plan.plan(2048, 4096, 8192, 6144, 132) is None  # slices past the shared memory
+    assert tma_plan.plan(1024, 2048, 3072, 4096 + 64, 132) is None  # next qkv rows do not divide
 
 
 def test_fits_only_cuda_batch_one_without_biases():
