@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Query
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from app.agent.turn import session_lock
 from app.deps import ApiKey, Caller
@@ -45,6 +45,8 @@ async def list_sessions(
     offset: Offset = 0,  # bounded: ?offset=2**63 is a 400, not a database error
     q: str | None = Query(None, max_length=200, description="title or message text contains this"),
 ) -> dict[str, Any]:
+    if q is not None and _unstorable(q):
+        raise APIError("q must be text without NUL characters or lone surrogates.", param="q")
     async with db.session() as s:
         rows = await repo.list_sessions(
             s,
@@ -77,9 +79,25 @@ async def get_session(session_id: str, db: DB, caller: Caller) -> dict[str, Any]
     return {**session_out(session), "title": title, "messages": [message_out(m) for m in messages]}
 
 
+def _unstorable(value: str) -> bool:
+    """Text neither store takes alike: NUL (PostgreSQL refuses it) or a lone surrogate."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return "\x00" in value
+
+
 class SessionPatch(Strict):
     # null or blank: back to the title taken from the first message
     title: str | None = Field(max_length=session_edits.MAX_TITLE)
+
+    @field_validator("title")
+    @classmethod
+    def _storable(cls, value: str | None) -> str | None:
+        if value is not None and _unstorable(value):
+            raise ValueError("must be text without NUL characters or lone surrogates")
+        return value
 
 
 @router.patch("/{session_id}")

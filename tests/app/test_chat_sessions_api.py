@@ -191,3 +191,13 @@ def test_anonymous_callers_may_not_send_options():
     changed = apply_options(spec, {"temperature": 0.1, "system_prompt": None}, OPEN)
     assert changed.sampling == {"temperature": 0.1} and changed.system_prompt == "Own prompt."
     assert spec.sampling == {"temperature": 0.7}  # the stored assistant's snapshot is untouched
+
+
+def test_titles_and_searches_the_stores_cannot_hold_are_400(fake_server, script):
+    script("ok")
+    sid = _sid()
+    _send(fake_server, sid, "hello")
+    r = httpx.patch(f"{fake_server.base}/sessions/{sid}", json={"title": "a\u0000b"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "title", r.text
+    r = httpx.get(f"{fake_server.base}/sessions", params={"q": "a\u0000b"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "q", r.text
