@@ -51,7 +51,7 @@ def cases(seed: int, calls: int, abstain: int, answers: int, plain: int = len(PL
         return [t.openai(rng) for t in chosen]
 
     def body(messages, tool_defs) -> dict[str, Any]:
-        b = {"model": "chatloom", "messages": messages, "temperature": 0, "max_tokens": 120}
+        b = {"model": "chatloom", "messages": messages, "temperature": 0, "max_tokens": 96}
         if tool_defs:
             b |= {"tools": tool_defs, "tool_choice": "auto"}
         return b
@@ -159,11 +159,17 @@ def served(model_dir: str):
 
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(model=model_dir, database_url=f"sqlite:///{tmp}/eval.db", device="cpu")
-        with TestClient(create_app(settings)) as client:
+        with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
+            deadline = time.monotonic() + 900  # the model loads after start-up; /health says when
+            while client.get("/health").status_code != 200:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{model_dir} did not load within 900 s")
+                time.sleep(1)
 
             def post(body: dict) -> dict:
-                r = client.post("/v1/chat/completions", json=body, timeout=600)
-                r.raise_for_status()
+                r = client.post("/v1/chat/completions", json=body)
+                if r.status_code != 200:
+                    raise RuntimeError(f"chatloom answered {r.status_code}: {r.text}")
                 return r.json()
 
             yield post
