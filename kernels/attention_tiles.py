@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._jit import is_interpreting, kernel
+from kernels._jit import is_interpreting, kernel, next_pow2
 
 LOG2E = 1.4426950408889634
 
@@ -179,6 +179,17 @@ def _decode_reduce_kernel(
     _merge_splits(
         part_out_ptr, part_lse_ptr, out_ptr, tl.program_id(0).to(tl.int64), tl.program_id(1), stride_ob,
         stride_oh, NUM_HEADS, HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D,
+    )  # fmt: skip
+
+
+def merge_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, num_splits: int) -> None:
+    """The split-K partials of every (row, head) of out (rows, num_heads, head_dim) merged into it by a
+    second launch (prefill's splits; decode's when the last split does not merge them)."""
+    rows, h, d = out.shape
+    _decode_reduce_kernel[(rows, h)](
+        part_out, part_lse, out, out.stride(0), out.stride(1),
+        NUM_HEADS=h, HEAD_DIM=d, NUM_SPLITS=num_splits, BLOCK_S=next_pow2(num_splits),
+        BLOCK_D=next_pow2(d), num_warps=4,
     )  # fmt: skip
 
 

@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 
 from kernels import pdl
-from kernels._jit import kernel, next_pow2
-from kernels.attention_tiles import _attend_tile, _decode_reduce_kernel, _fold_tile, _merge_splits, _tile_kv
+from kernels._jit import kernel
+from kernels.attention_tiles import _attend_tile, _fold_tile, _merge_splits, _tile_kv, merge_splits
 from kernels.decode_launch import NewTokenQK, decode_launch
 from kernels.rmsnorm import row_rstd
 
@@ -306,11 +306,5 @@ def paged_decode_attention(
         **pdl.launch_kwargs(launch.consts["PDL"]),
     )  # fmt: skip
     if launch.partials is not None:  # the splits merged by a second launch
-        out, (part_out, part_lse) = launch.out, launch.partials
-        h, d = q.shape[1:]
-        _decode_reduce_kernel[(b, h)](
-            part_out, part_lse, out, out.stride(0), out.stride(1),
-            NUM_HEADS=h, HEAD_DIM=d, NUM_SPLITS=num_splits, BLOCK_S=next_pow2(num_splits),
-            BLOCK_D=next_pow2(d), num_warps=4,
-        )  # fmt: skip
+        merge_splits(*launch.partials, launch.out, num_splits)
     return launch.out

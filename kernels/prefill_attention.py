@@ -19,9 +19,9 @@ from kernels.attention_tiles import (
     _check_cache,
     _config_key,
     _config_key_for,
-    _decode_reduce_kernel,
     _dot_precision,
     _window,
+    merge_splits,
 )
 
 # Tile configurations; module-level so that `python -m bench.kernels --sweep` can try others on the GPU.
@@ -218,11 +218,7 @@ def paged_prefill_attention(
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if num_splits > 1:
-        _decode_reduce_kernel[(n, h)](
-            part_out, part_lse, out, out.stride(0), out.stride(1),
-            NUM_HEADS=h, HEAD_DIM=d, NUM_SPLITS=num_splits, BLOCK_S=next_pow2(num_splits),
-            BLOCK_D=next_pow2(d), num_warps=4,
-        )  # fmt: skip
+        merge_splits(part_out, part_lse, out, num_splits)
     return out
 
 
