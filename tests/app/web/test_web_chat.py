@@ -32,7 +32,7 @@ def clipboard(page) -> str:
     return page.evaluate("navigator.clipboard.readText()")
 
 
-def test_markdown_is_rendered_sanitized_highlighted_and_copyable(open_chat, script):
+def test_markdown_is_rendered_sanitized_highlighted_and_copyable(open_chat, script, artifacts):
     script(MARKDOWN)
     page = open_chat()
     send(page, "show me code")
@@ -50,6 +50,7 @@ def test_markdown_is_rendered_sanitized_highlighted_and_copyable(open_chat, scri
     assert bubble.locator("img, script").count() == 0
     assert "<img src=x" in bubble.inner_text()
     assert page.evaluate("window.__pwned") is None
+    page.screenshot(path=artifacts / "desktop-markdown-light.png")
     page.get_by_role("button", name="Copy code").click()
     assert clipboard(page) == CODE
     page.get_by_role("button", name="Copy the reply").click()
@@ -59,7 +60,7 @@ def test_markdown_is_rendered_sanitized_highlighted_and_copyable(open_chat, scri
 
 
 def test_stop_keeps_the_partial_reply_and_the_next_turn_follows_it(
-    open_chat, fake_server, fake_engine, script
+    open_chat, fake_server, fake_engine, script, artifacts
 ):
     words = " ".join(f"w{i}" for i in range(600))
     script(words)
@@ -74,6 +75,7 @@ def test_stop_keeps_the_partial_reply_and_the_next_turn_follows_it(
     shown = page.locator(".msg.assistant .bubble").inner_text()
     assert shown.startswith("w0 w1") and len(shown) < len(words)
     assert "stopped" in page.locator(".msg.assistant .stats").inner_text()
+    page.screenshot(path=artifacts / "desktop-stopped-light.png")
     sid = current_session(page)
     for _ in range(100):  # the server stores the partial reply once it sees the stream end
         history = stored(fake_server, sid)
