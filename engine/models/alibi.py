@@ -24,6 +24,7 @@ from torch import nn
 
 from engine.attention import AttentionMetadata, paged_attention
 from kernels import dispatch as ops
+from kernels import quant_linear
 
 
 def bloom_slopes(num_heads: int) -> torch.Tensor:  # (num_heads,) float32
@@ -176,7 +177,7 @@ class AlibiForCausalLM(nn.Module):
     ) -> torch.Tensor:  # (num_tokens, hidden)
         if not final_norm:
             raise ValueError("ALiBi models apply their final LayerNorm themselves (rms_final_norm is False)")
-        x = self.embed_tokens(input_ids)
+        x = quant_linear.embedding(input_ids, self.embed_tokens.weight)  # int8 rows once quantized
         if self.embed_norm is not None:
             x = self.embed_norm(x)
         for layer, kv in zip(self.layers, kv_caches, strict=True):
