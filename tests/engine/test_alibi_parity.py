@@ -105,10 +105,10 @@ def test_slopes_equal_transformers(num_heads):
     assert torch.equal(mpt_slopes(num_heads), want.float())
 
 
-@pytest.mark.slow  # 30 s on two loaded cores: three engines
+@pytest.mark.slow  # 40 s on two loaded cores: four engines
 def test_checkpoint_errors_and_dummy_weights(alibi_case, tmp_path):
     """A checkpoint missing a weight, or with one our model lacks, is refused by name; load_format
-    "dummy" builds the same model with random weights (benchmarks)."""
+    "dummy" builds the same model with random weights (benchmarks); int8 weight-only quantization runs."""
     import shutil
 
     from safetensors.torch import load_file, save_file
@@ -130,4 +130,7 @@ def test_checkpoint_errors_and_dummy_weights(alibi_case, tmp_path):
             _llm(bad, num_kv_blocks=16)
     llm = _llm(path, num_kv_blocks=64, load_format="dummy")
     assert isinstance(llm.core.runner.model, AlibiForCausalLM)
+    assert len(llm.generate([[1, 2, 3]], GREEDY)[0].token_ids) == GREEDY.max_tokens
+    # int8 weights (kernels.quant_linear): the tied embedding is looked up from its int8 rows
+    llm = _llm(path, num_kv_blocks=64, quantization="int8")
     assert len(llm.generate([[1, 2, 3]], GREEDY)[0].token_ids) == GREEDY.max_tokens
