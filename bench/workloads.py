@@ -4,6 +4,7 @@
     chatloom bench --workload w1|w2|w3 [--peer hf]   # GPU: Qwen3-0.6B shape, dummy weights
     chatloom bench --workload m1                # replayed 10-turn conversation: warm vs cold TTFT
     chatloom bench --workload g1                # grammar-constrained tool calls vs unconstrained
+    chatloom bench --workload cpu1 --model F.gguf --peer all [--quantization int8]  # CPU vs llama.cpp, HF
     chatloom bench --workload s1                # speculative decoding on / off (bench/speculative.py)
 
 Runs without the web stack (also as `python -m bench`)."""
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from bench import speculative
 from bench import switches as bench_switches
+from bench.cpu1 import bench_cpu1
 from engine.models.tiny import BENCH_SHAPE, build_checkpoint
 
 HBM_BYTES_PER_S = 4.3e12  # H200
@@ -402,6 +404,7 @@ WORKLOADS = {
     "w3": bench_gpu,
     "m1": bench_m1,
     "g1": bench_g1,
+    "cpu1": bench_cpu1,
     "s1": speculative.bench_s1,
 }
 
@@ -412,7 +415,20 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a benchmark workload of benchmarks.md (engine start-up excluded, printed apart).",
     )
     p.add_argument("--workload", required=True, choices=sorted(WORKLOADS), help="which workload")
-    p.add_argument("--peer", choices=["none", "hf"], default="none", help="also run HF transformers generate")
+    p.add_argument(
+        "--peer",
+        choices=["none", "hf", "llamacpp", "all"],
+        default="none",
+        help="also run HF transformers generate; cpu1 also llama.cpp (llama-cpp-python) or both (all)",
+    )
+    p.add_argument(
+        "--quantization",
+        choices=["none", "int8", "int4"],
+        default="none",
+        help="cpu1: chatloom's weights (kernels.quant_linear); the quality against float32 is printed",
+    )
+    p.add_argument("--memory", action="store_true", help="cpu1: resident memory after load, per quantization")
+    p.add_argument("--skip-quality", action="store_true", help="cpu1: no quantized-vs-float32 comparison")
     p.add_argument("--threads", type=int, default=2, help="CPU threads for both sides (CPU workloads)")
     p.add_argument(
         "--model",

