@@ -373,8 +373,9 @@ class EngineCore:
 
     def _verify(self, batch, logits: torch.Tensor) -> list[StepOutput]:
         """The step's speculating sequences (their chunk ends in proposals, rows in logits in batch
-        order): keep the accepted tokens and one more, count the K/V of the accepted ones only (the
-        step's after_step), free the blocks of the rejected ones."""
+        order): keep the accepted tokens and one more, count the K/V of the accepted ones only (here,
+        not in after_step: full blocks are registered before an end frees them), free the blocks of
+        the rejected ones."""
         outputs, row = [], 0
         for i in range(batch.num_decodes, len(batch.seqs)):
             seq, spec = batch.seqs[i], batch.seqs[i].spec_tokens
@@ -384,10 +385,13 @@ class EngineCore:
             seq.spec_tokens = []
             try:
                 tokens = self.spec.verify(seq, spec, rows)
-                batch.num_new_tokens[i] -= len(spec) + 1 - len(tokens)
-                for tok in tokens:
-                    seq.append_token(tok)
-                    outputs.append(self._accept(seq, seq.num_tokens - 1, tok, None))
+                base = seq.num_tokens
+                seq.token_ids.extend(tokens)
+                seq.num_computed_tokens += batch.num_new_tokens[i] - (len(spec) + 1 - len(tokens))
+                batch.num_new_tokens[i] = 0
+                self.block_manager.commit_full_blocks(seq)
+                for j, tok in enumerate(tokens):
+                    outputs.append(self._accept(seq, base + j, tok, None))
                     if seq.is_finished:
                         break
             except Exception as exc:  # its grammar or detokenizer: this sequence fails alone

@@ -159,8 +159,9 @@ class Speculator:
         for name, (seqs, ks) in picked.items():
             if seqs:
                 proposer = self.draft if name == "draft" else self.ngram
-                for seq, drafts in zip(seqs, proposer.propose(seqs, ks), strict=True):
-                    seq.spec_tokens = _grammar_prefix(seq, drafts) if seq.constraint is not None else drafts
+                for seq, k, drafts in zip(seqs, ks, proposer.propose(seqs, ks), strict=True):
+                    constrained = seq.constraint is not None
+                    seq.spec_tokens = _grammar_prefix(seq, drafts, k) if constrained else drafts
 
     def _length(self, seq: Sequence, max_model_len: int) -> int:
         """How many tokens to propose for seq now (0: it does not speculate this step)."""
@@ -252,9 +253,13 @@ class Speculator:
         }
 
 
-def _grammar_prefix(seq: Sequence, drafts: list[int]) -> list[int]:
-    """The longest prefix of drafts the sequence's grammar allows (the matcher is left as it was)."""
+def _grammar_prefix(seq: Sequence, drafts: list[int], k: int) -> list[int]:
+    """What the grammar forces next if anything (up to k tokens), else the longest prefix of drafts it
+    allows (the matcher is left as it was)."""
     c, n = seq.constraint, 0
+    forced = c.forced_tokens() if hasattr(c, "forced_tokens") else None
+    if forced:
+        return forced[:k]
     for tok in drafts:
         if c.is_terminated() or not c.accept_token(tok):
             break

@@ -63,6 +63,10 @@ class GrammarConstraint:
     def is_terminated(self) -> bool:
         return self.done
 
+    def forced_tokens(self) -> list[int]:
+        """What the grammar forces next (a tool call's keys and punctuation): speculation proposes it."""
+        return [] if self.done else self.matcher.forced_tokens()
+
     def rollback(self, num_tokens: int) -> None:
         if num_tokens <= 0:
             return

@@ -45,6 +45,10 @@ class LLGuidanceMatcher:
             return self.m.is_accepting() and self.m.consume_token(token_id)
         return self.m.try_consume_tokens([token_id]) == 1
 
+    def forced_tokens(self) -> list[int]:
+        """The tokens the grammar allows alone from here, in its canonical tokenization."""
+        return self.m.compute_ff_tokens()
+
     def accept_tokens(self, token_ids: list[int]) -> bool:
         return self.m.consume_tokens(token_ids)
 
