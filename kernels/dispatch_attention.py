@@ -181,6 +181,13 @@ def qk_norm_rope_decode_attention(
     reference.row_scaled by it first."""
     weights = _qk_norm_weights(q, q_norm_weight, k_norm_weight)
     if not use_triton(q) or weights is None or k.stride(1) != k.shape[-1] or v.stride(1) != v.shape[-1]:
+        if q.device.type == "cpu" and q_norm_weight is None and row_scale is None:
+            from kernels import cpu_decode  # the per-step tables built once per step
+
+            return cpu_decode.rope_store_decode_attention(
+                q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, block_tables, seq_lens, scale,
+                sliding_window,
+            )  # fmt: skip
         if row_scale is not None:
             q, k, v = (ref.row_scaled(t, *row_scale) for t in (q, k, v))
         q, _ = qk_norm_rope_store_kv(
