@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from concurrent.futures import ThreadPoolExecutor
 
 from engine.config import EngineConfig
 from engine.engine_core import EngineCore
@@ -16,6 +17,10 @@ class LLM:
         self.core = EngineCore(self.config)
         self.tokenizer = self.core.tokenizer
         self._ids = itertools.count()
+        # the steps run on one worker thread, as AsyncEngine's do: torch's OpenMP parallel regions
+        # started from the main thread measured several times slower on a shared 2-core CPU (the same
+        # steps: docs/performance.md, issue 45)
+        self._stepper = ThreadPoolExecutor(1, thread_name_prefix="chatloom-llm")
 
     def generate(
         self,
@@ -41,14 +46,18 @@ class LLM:
             from tqdm import tqdm
 
             bar = tqdm(total=len(order), desc="generating", unit="req")
-        done: set[str] = set()
-        try:
+
+        def run() -> None:
+            done: set[str] = set()
             while self.core.has_unfinished():
                 self.core.step()
                 if bar is not None:
                     now = {r for r, ss in seqs.items() if all(s.is_finished for s in ss)}
                     bar.update(len(now - done))
                     done = now
+
+        try:
+            self._stepper.submit(run).result()
         except BaseException:
             for rid in order:  # a failed step (e.g. a raising logits processor) must not wedge the engine
                 self.core.abort(rid)
