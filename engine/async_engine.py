@@ -14,6 +14,7 @@ import queue
 import threading
 from collections.abc import AsyncIterator
 
+from engine import heap
 from engine.config import EngineConfig
 from engine.engine_core import EngineCore
 from engine.outputs import StepOutput
@@ -40,6 +41,8 @@ class GenerationError(RuntimeError):
 class AsyncEngine:
     def __init__(self, config: EngineConfig | None = None, **kwargs) -> None:
         self.config = config or EngineConfig(**kwargs)
+        if self.config.resolve_device() == "cpu":
+            heap.limit_arenas()  # before the model loads and the server's threads start allocating
         self.core = EngineCore(self.config)
         self.tokenizer = self.core.tokenizer
         self.max_model_len = self.core.max_model_len
@@ -52,6 +55,8 @@ class AsyncEngine:
         self._stats: dict = self.core.stats()
         self._ids = itertools.count()
         self.error: BaseException | None = None
+        # CPU: freed step buffers given back to the system once a second (engine.heap)
+        self._trim = heap.Trimmer() if self.core.device.type == "cpu" else None
 
     # ---- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -173,6 +178,8 @@ class AsyncEngine:
                         continue
                     self._stats = self.core.stats()  # before delivering: a finished stream sees freed blocks
                     self._deliver(outputs)
+                    if self._trim is not None:
+                        self._trim.maybe()
                     if not outputs and not self.core.scheduler.running:
                         self._wakeup.wait(timeout=0.002)  # only requests whose grammar still compiles
                         self._wakeup.clear()

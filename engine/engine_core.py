@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from engine import heap
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
@@ -22,6 +23,7 @@ from engine.sampler import LogprobTensors, Sampler, logprob_rows, logprob_tensor
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import PENDING, Sequence
+from kernels.onednn import pack_model
 
 log = logging.getLogger("chatloom.engine")
 
@@ -74,6 +76,10 @@ class EngineCore:
         )
         if config.quantization != "none":
             _quantize(model, config.quantization, self.device)
+        elif self.device.type == "cpu":
+            # float32 projections kept only in oneDNN's packed form, not beside it (kernels.onednn)
+            pack_model(model)
+            heap.give_back()  # the dense weights' pages
         self.vocab_size = int(self.hf_config.vocab_size)
         self.runner = ModelRunner(model, config, self.device, self.dtype)
         self.block_manager = BlockManager(

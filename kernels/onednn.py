@@ -8,8 +8,11 @@ timings). At one row the small projections (under ONE_ROW_MIN_NUMEL weights) pay
 per call and stay on F.linear, as does every product where torch has no oneDNN.
 
 The sums run in another order than SGEMM's, so results differ from F.linear's in the last bits (~1e-5
-relative). The packed copy doubles the weights' memory; past MAX_PACKED_BYTES held at once (a copy
-counts until its weight is freed), further weights stay on F.linear."""
+relative). A packed copy made on first use sits beside its weight, doubling that weight's memory; past
+MAX_PACKED_BYTES held at once (a copy counts until its weight is freed), further weights stay on
+F.linear. pack_model() instead replaces a loaded model's projection weights by their packed form, so
+the dense copies are freed (docs/performance.md, memory); such a weight goes to `product` at any row
+count, and a reader of dense weights (F.linear) raises instead of computing with it."""
 
 from __future__ import annotations
 
@@ -39,6 +42,8 @@ def packed_weight(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     shape it speeds up, within MAX_PACKED_BYTES), else None: what `product` takes."""
     if not (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32):
         return None
+    if weight.is_mkldnn:  # pack_model's: the packed form is all there is (any rows, empty, N-D)
+        return weight
     if x.dim() != 2 or weight.dim() != 2 or x.shape[0] == 0 or x.shape[1] != weight.shape[1]:
         return None
     if bias is not None and (bias.dtype != torch.float32 or bias.shape != weight.shape[:1]):
@@ -79,6 +84,31 @@ def _packed(weight: torch.Tensor) -> torch.Tensor | None:
         _packed_bytes += size
         weakref.finalize(weight, _release, size)
     weight._onednn_packed = (version, packed)
+    return packed
+
+
+@torch.no_grad()
+def pack_model(model: torch.nn.Module) -> int:
+    """Replace each float32 CPU nn.Linear weight of a loaded model by its oneDNN-packed form, so the
+    dense weight is freed instead of sitting beside a packed copy; returns the bytes packed. Call
+    after loading and before the first forward (which may keep references to the parameters).
+    Embeddings, which are read by row (and a tied lm_head, which is the embedding), stay dense."""
+    if not _available():
+        return 0
+    packed = 0
+    for module in model.modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        weight = module.weight
+        if weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.is_mkldnn:
+            continue
+        if module.bias is not None and module.bias.dtype != torch.float32:
+            continue
+        module.weight = torch.nn.Parameter(
+            torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous()), requires_grad=False
+        )
+        packed += weight.numel() * weight.element_size()
+        del weight
     return packed
 
 

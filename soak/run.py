@@ -518,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     phase("load", load_phase)
     srv = figures.pop("load_server", None)
     if isinstance(srv, Server):
+        figures["load_server_start_mib"] = srv.start_rss >> 20
         figures["load_server_peak_mib"] = srv.peak_rss >> 20
         figures["load_server_killed_for_memory"] = srv.killed_for_memory
         ok &= not srv.killed_for_memory

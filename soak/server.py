@@ -79,6 +79,7 @@ class Server:
         self.log_path = workdir / log_name
         self.proc: subprocess.Popen | None = None
         self.peak_rss = 0
+        self.start_rss = 0  # once healthy: the loaded model, before any request
         self.killed_for_memory = False
         self._watch: threading.Thread | None = None
         self._stop_watch = threading.Event()
@@ -122,6 +123,7 @@ class Server:
                 raise RuntimeError(f"the server exited with {self.proc.returncode}; see {self.log_path}")
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    self.start_rss = _rss(self.proc.pid)
                     return self
             except httpx.TransportError:
                 pass

@@ -24,6 +24,7 @@ import os
 import shutil
 from pathlib import Path
 
+from engine import heap
 from engine.models.qwen_vocab import cache_dir
 
 log = logging.getLogger("chatloom.engine")
@@ -112,6 +113,8 @@ def converted_dir(path: str | os.PathLike, progress: bool = True) -> Path:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        finally:
+            heap.give_back()  # the conversion's arrays and HF objects: garbage once it is written
     finally:
         lock.release()
     return folder

@@ -91,3 +91,30 @@ def test_a_freed_weight_gives_its_room_back(monkeypatch):
     b = _rand(512, 256, seed=3)
     assert onednn.packed_weight(x, b, None) is onednn._packed(b)  # packed once, the room reused
     _close(dispatch.linear(x, b), F.linear(x, b))
+
+
+def test_pack_model_keeps_only_the_packed_weights():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(100, 256),
+        torch.nn.Linear(256, 512, bias=True),
+        torch.nn.Linear(512, 64, bias=False),  # small: one row went to F.linear before packing
+    )
+    dense = {name: p.detach().clone() for name, p in model.named_parameters()}
+    x = _rand(3, 256, seed=1)
+    with torch.inference_mode():
+        want = [F.linear(x, dense["1.weight"], dense["1.bias"]), F.linear(x[:1], dense["1.weight"])]
+    packed = onednn.pack_model(model)
+    assert packed == (256 * 512 + 512 * 64) * 4
+    assert model[1].weight.is_mkldnn and model[2].weight.is_mkldnn
+    assert not model[0].weight.is_mkldnn  # read by row: stays dense
+    assert torch.equal(model[1].bias, dense["1.bias"])
+    assert torch.equal(model[1].weight.to_dense(), dense["1.weight"])  # the same weights, another layout
+    assert onednn.pack_model(model) == 0  # once
+    with torch.inference_mode():
+        _close(dispatch.linear(x, model[1].weight, model[1].bias), want[0])
+        _close(dispatch.linear(x[:1], model[1].weight), want[1])
+        y = _rand(1, 512, seed=2)
+        _close(dispatch.linear(y, model[2].weight), F.linear(y, dense["2.weight"]))  # one row, small
+        with pytest.raises(RuntimeError):  # a dense reader fails loudly, it never reads stale data
+            F.linear(x, model[1].weight)
