@@ -168,4 +168,17 @@ def quantize_model(model: torch.nn.Module, mode: str) -> dict:
         stats["float_bytes"] += w.numel() * w.element_size()
         stats["quant_bytes"] += qw.nbytes
         _release(w)
+    _trim_heap()
     return stats
+
+
+def _trim_heap() -> None:
+    """Hands the released float weights' heap pages back to the system (glibc keeps freed heap memory
+    for reuse otherwise, so the resident set would not shrink)."""
+    import contextlib
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
