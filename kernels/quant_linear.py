@@ -13,8 +13,9 @@ weights the kernel sees are exactly `dequantize`'s.
 
 The quantized form hangs on the Parameter itself (attribute QUANT) and its float storage is released
 (the parameter keeps its shape as a zero-stride view, so shape checks and the module tree are
-unchanged): `kernels.dispatch` looks the attribute up before any float product. A tied embedding keeps
-an int8 copy of its rows for the lookup (`embedding`). float32 stays the default and the exact path.
+unchanged): `kernels.dispatch` looks the attribute up before any float product. The logits weight is
+int8 in both modes; a tied embedding's lookup reads those int8 rows (`embedding`). float32 stays the
+default and the exact path.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 
 MODES = ("int8", "int4")
 GROUP = 32  # int4: input columns sharing one (scale, zero)
+REFINE_TOP = 32  # logits recomputed in float32 per row (QuantWeight.refine)
 QUANT = "_chatloom_quant"  # the Parameter attribute holding its QuantWeight
 ROWS = "_chatloom_rows"  # an embedding table's int8 rows for the lookup: (int8 (V, H), scale (V,))
 
@@ -36,6 +38,7 @@ class QuantWeight:
     data: torch.Tensor  # int8: (N, K) int8; int4: the packed uint8 of _convert_weight_to_int4pack_for_cpu
     scales: torch.Tensor  # int8: (N,) bf16; int4: (K / GROUP, N, 2) bf16 [scale, zero]
     nbytes: int  # what data and scales hold
+    refine: int = 0  # int8: the largest outputs of each row recomputed in float32 (`product`)
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,6 +107,12 @@ def product(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None) 
     else:
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, qw.data, GROUP, qw.scales)
     y = y.to(x.dtype)
+    if qw.refine and qw.mode == "int8" and bias is None:
+        # logits: the kernel's bfloat16 output steps by 1/8 at 16-32, which ties and swaps the leading
+        # tokens; their values again in float32 from x and the dequantized rows
+        top = y.topk(min(qw.refine, y.shape[1]), dim=1).indices  # (M, refine)
+        rows = qw.data[top].to(x.dtype) * qw.scales[top].to(x.dtype)[..., None]  # (M, refine, K)
+        y.scatter_(1, top, torch.einsum("mk,mrk->mr", x, rows))
     return y if bias is None else y.add_(bias)
 
 
@@ -156,13 +165,15 @@ def quantize_model(model: torch.nn.Module, mode: str) -> dict:
     for w in [*targets, logits]:
         if w.device.type != "cpu" or w.dim() != 2:
             raise ValueError("quantization runs on the CPU (EngineConfig.device='cpu')")
-        qw = quantize(w, mode)
+        # the logits weight stays int8 under int4 (llama.cpp's files likewise keep the output layer at
+        # more bits): its group-wise 4-bit error flipped most greedy tokens of SmolLM2 (docs/performance.md)
+        qw = quantize(w, "int8" if w is logits else mode)
         if qw is None:
             continue
-        if w is logits and tied:  # the embedding lookup reads int8 rows from now on
-            rows = (qw.data, qw.scales) if mode == "int8" else quantize_int8(w)
-            setattr(w, ROWS, rows)
-            stats["quant_bytes"] += 0 if mode == "int8" else rows[0].numel() + 2 * rows[1].numel()
+        if w is logits:
+            qw.refine = REFINE_TOP
+        if w is logits and tied:  # the embedding lookup reads the same int8 rows from now on
+            setattr(w, ROWS, (qw.data, qw.scales))
         setattr(w, QUANT, qw)
         stats["weights"] += 1
         stats["float_bytes"] += w.numel() * w.element_size()

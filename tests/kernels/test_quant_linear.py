@@ -118,3 +118,17 @@ def test_engine_generates_with_quantized_weights(tiny, mode):
     )
     if mode == "int8":
         assert first >= 7
+
+
+def test_refined_logits_are_float32_exact_where_they_lead():
+    w = _rand(4096, 64, seed=6) * 3
+    x = _rand(2, 64, seed=7) * 3
+    qw = quantize(w, "int8")
+    plain = product(x, qw)
+    qw.refine = 8
+    got = product(x, qw)
+    exact = x @ dequantize(qw).t()
+    top = exact.topk(8, dim=1).indices
+    assert torch.allclose(got.gather(1, top), exact.gather(1, top), rtol=1e-6, atol=1e-5)
+    assert (plain.gather(1, top) - exact.gather(1, top)).abs().max() > 1e-3  # bf16 output steps
+    assert torch.equal(got.argmax(1), exact.argmax(1))
