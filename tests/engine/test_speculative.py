@@ -208,8 +208,10 @@ def test_first_sampled_token_distribution(checkpoint_factory, method):
     params = SamplingParams(n=N_SAMPLES, temperature=temperature, max_tokens=2, ignore_eos=True)
     outs = llm.generate([prompt], params)[0].outputs
     s = llm.stats()
-    # each sample's first token came out of a verification (its first step is the 32-token chunk)
-    assert s["spec_verify_steps"] >= N_SAMPLES and s["spec_proposed_tokens"] > s["spec_accepted_tokens"] > 0
+    # nearly every sample's first token came out of a verification (a sample admitted into a step's
+    # leftover budget may need more chunks, the last without room for proposals: sampled plainly)
+    assert s["spec_verify_steps"] >= 0.9 * N_SAMPLES
+    assert s["spec_proposed_tokens"] > s["spec_accepted_tokens"] > 0
     counts = torch.bincount(torch.tensor([o.token_ids[0] for o in outs]), minlength=VOCAB).double()
     expected = probs.double() * N_SAMPLES
     big = expected >= 5  # the rare tokens pooled into one bin
