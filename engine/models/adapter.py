@@ -77,7 +77,10 @@ def merge(base: Path, adapter: Path, dest: Path) -> Path:
     from safetensors.torch import load_file, save_file
 
     config = json.loads((adapter / "adapter_config.json").read_text())
-    scale = float(config["lora_alpha"]) / float(config["r"])
+    if config.get("rank_pattern") or config.get("alpha_pattern"):
+        raise ValueError(f"adapter {adapter}: per-module ranks or alphas are not supported")
+    rank = float(config["r"])
+    scale = float(config["lora_alpha"]) / (rank**0.5 if config.get("use_rslora") else rank)
     lora = load_file(str(adapter / "adapter_model.safetensors"))
     files = sorted(base.glob("*.safetensors"))
     if len(files) != 1:

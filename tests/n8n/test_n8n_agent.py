@@ -181,6 +181,8 @@ def stack(tmp_path_factory):
     try:
         _wait(f"http://127.0.0.1:{cl_port}/health", chatloom, 900, cl_log)
         _wait(f"http://127.0.0.1:{n8n_port}/healthz", n8n, 300, n8n_log)
+        for hook in hooks.values():  # published workflows are activated after n8n reports healthy
+            _wait(f"http://127.0.0.1:{n8n_port}/webhook/{hook}/chat", n8n, 300, n8n_log)
         yield {"n8n": f"http://127.0.0.1:{n8n_port}", "hooks": hooks, "logs": (cl_log, n8n_log)}
     finally:
         for proc in (n8n, chatloom):
