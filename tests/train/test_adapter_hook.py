@@ -27,7 +27,7 @@ def setup(tiny_llama, tmp_path, monkeypatch):
     embedded = tmp_path / gguf_mod.EMBEDDED_FILE
     embedded.write_bytes(b"GGUF")
     monkeypatch.setattr(gguf_mod, "embedded_gguf", lambda: embedded)
-    monkeypatch.delenv(adapter_mod.ENV_SWITCH, raising=False)
+    monkeypatch.setenv(adapter_mod.ENV_SWITCH, "1")
     return embedded, converted, shipped
 
 
@@ -49,6 +49,8 @@ def test_other_files_the_switch_and_a_missing_adapter_keep_the_base(setup, tmp_p
     assert adapter_mod.for_embedded(other, converted, shipped) == converted
     assert adapter_mod.for_embedded(embedded, converted, tmp_path / "absent") == converted
     monkeypatch.setenv(adapter_mod.ENV_SWITCH, "0")
+    assert adapter_mod.for_embedded(embedded, converted, shipped) == converted
+    monkeypatch.delenv(adapter_mod.ENV_SWITCH)  # opt-in: unset serves the base
     assert adapter_mod.for_embedded(embedded, converted, shipped) == converted
 
 
