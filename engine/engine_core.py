@@ -1,6 +1,10 @@
 """The step loop shared by LLM (offline) and AsyncEngine (online): admit requests, schedule,
 run the model, sample, detokenize, stop, free. Knows no sessions: a request may carry an opaque
-retention key that the block manager uses to choose what to evict."""
+retention key that the block manager uses to choose what to evict.
+
+Over 400 lines on purpose: the step's order (launch ahead, read the previous tokens late, sample,
+verify proposals, fail one sequence alone) is one protocol whose invariants span these methods;
+split across files, each half would have to restate the other's."""
 
 from __future__ import annotations
 
