@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: run test check lint install clean soak
+.PHONY: run test test-all check lint install clean soak
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -24,6 +24,11 @@ run: $(STAMP)
 	$(BIN)/chatloom serve
 
 test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -m "not gpu and not heavy" $(PYTEST_ARGS)
+
+# the whole CPU suite, the heavy tests too (every ALiBi parity regime, the memory guard, ...)
+test-all: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -m "not gpu" $(PYTEST_ARGS)
 

@@ -219,6 +219,7 @@ def test_pip_resolves_the_cpu_choice_without_nvidia_wheels(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # resolves the CUDA build's ~20 wheels against PyPI
 def test_pip_resolves_the_cuda_choice_with_nvidia_wheels(tmp_path):
     # the contrast: what the old `pip install torch==2.13.0` gives where pip has no local CPU wheel
     choice = _this_machine(gpu="GPU 0: faked")

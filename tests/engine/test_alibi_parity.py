@@ -48,8 +48,11 @@ def test_loaded_as_alibi_model(alibi_case):
         assert torch.equal(model.layers[0].self_attn.qkv.bias, want)
 
 
+# CI runs chunked16 (chunk edges inside blocks; HF's references computed there); `make test-all` all
 @pytest.mark.slow  # 25-240 s each on two loaded cores (HF's references computed in the first)
-@pytest.mark.parametrize("regime", list(REGIMES))
+@pytest.mark.parametrize(
+    "regime", [r if r == "chunked16" else pytest.param(r, marks=pytest.mark.heavy) for r in REGIMES]
+)
 def test_greedy_parity(alibi_case, regime):
     arch, path, hf = alibi_case
     llm = _llm(path, **REGIMES[regime])
@@ -63,7 +66,7 @@ def test_greedy_parity(alibi_case, regime):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("block_size", [16, pytest.param(32, marks=pytest.mark.heavy)])
 def test_prefix_cache_parity(alibi_case, block_size):
     """The shared 100-token prefix comes from the cache for the second request on, its remaining tokens
     computed in chunks of 40 that start mid-block; then every prompt again, nearly whole from the cache."""
@@ -83,6 +86,7 @@ def test_prefix_cache_parity(alibi_case, block_size):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_parity_needs_the_bias(alibi_case):
     """The control: with the slopes zeroed (no position information at all) the tokens are not HF's,
     so the parity above depends on the bias being applied at the right positions."""

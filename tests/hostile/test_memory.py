@@ -12,7 +12,7 @@ import pytest
 from soak.cases import CASES, prepare, send, verdict
 from soak.server import RSS_LIMIT, Server
 
-pytestmark = pytest.mark.slow  # the real model and the bomb compiles: minutes on two busy cores
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # the real model and the bomb compiles: minutes
 
 KILL_AT = 3 << 30
 BOMBS = (

@@ -10,6 +10,7 @@ from train import eval_tools
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # xfail while the adapter is below target: `make test-all`
 @pytest.mark.xfail(reason="issue 44: the shipped adapter is below the thresholds (docs/performance.md)")
 def test_the_tuned_model_calls_held_out_tools_by_itself(smollm2_dir):
     if not (SHIPPED / "adapter_model.safetensors").is_file():
