@@ -231,6 +231,8 @@ class LlamaForCausalLM(nn.Module):
             pairs = ((layer.input_layernorm, layer.self_attn.qkv_proj),
                      (layer.post_attention_layernorm, layer.mlp.gate_up_proj))  # fmt: skip
             for norm, proj in pairs:
+                if proj.weight.is_mkldnn:  # kernels.onednn.pack_model's CPU form has no column scaling
+                    raise RuntimeError("fold_norms needs dense weights, not oneDNN-packed ones")
                 proj.weight.copy_(proj.weight.float() * norm.weight.float()[None, :])
                 norm.weight.fill_(1.0)
         self.norms_folded = True

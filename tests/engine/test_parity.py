@@ -148,10 +148,12 @@ def test_folded_norms_parity(checkpoint_factory, arch, epilogue, monkeypatch):
     weights whose norms are not ones; greedy tokens equal HF's up to near-ties. With `epilogue`, those
     steps' layers after the first project the residual with the new token's work in the projection
     (dispatch.qkv_new_token, which CUDA takes from QKV_EPILOGUE_MIN_M rows; here its reference)."""
-    from kernels import dispatch, dispatch_linear
+    from kernels import dispatch, dispatch_linear, onednn
 
     path = checkpoint_factory(arch, norm_spread=0.3)
     hf = HFReference(path)
+    # folding is a 16-bit CUDA path: dense float weights here, not oneDNN's packed CPU form
+    monkeypatch.setattr(onednn, "_available", lambda: False)
     llm = LLM(path, device="cpu", dtype="float32", num_kv_blocks=2048)
     model = llm.core.runner.model
     layer = model.layers[1]
