@@ -106,8 +106,9 @@ def test_the_phone_layout_clips_nothing(open_chat, fake_server, artifacts, scrip
     assert page.evaluate("document.activeElement.id") == "menu"
 
 
-def tab_to(page, name: str, back: bool = False, limit: int = 60) -> None:
-    """Press Tab (Shift+Tab) until the focused element's accessible name is `name`."""
+def tab_to(page, name: str, back: bool = False, limit: int = 600) -> None:
+    """Press Tab (Shift+Tab) until the focused element's accessible name is `name` (the chat list
+    holds every chat of the shared test server: three stops each)."""
     for _ in range(limit):
         page.keyboard.press("Shift+Tab" if back else "Tab")
         now = page.evaluate(
