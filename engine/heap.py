@@ -21,12 +21,16 @@ def _libc():
         return None
 
 
-def give_back() -> None:
-    gc.collect()
+def _trim() -> None:
     libc = _libc()
     if libc is not None:
         with contextlib.suppress(OSError):
             libc.malloc_trim(0)
+
+
+def give_back() -> None:
+    gc.collect()
+    _trim()
 
 
 class Trimmer:
@@ -43,9 +47,7 @@ class Trimmer:
         if now - self._last < self.interval_s:
             return
         self._last = now
-        libc = _libc()
-        if libc is not None:
-            libc.malloc_trim(0)
+        _trim()
 
 
 def limit_arenas(count: int = 2) -> None:

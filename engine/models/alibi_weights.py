@@ -54,46 +54,30 @@ def _per_head_to_qkv(tensor: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 @torch.no_grad()
 def load_alibi_weights(model: AlibiForCausalLM, folder, progress: bool = False) -> None:
-    from pathlib import Path
-
-    from safetensors import safe_open
-
-    from engine.models.loader import _safetensors_files
+    from engine.models.loader import checkpoint_tensors
 
     spec = model.spec
     params = dict(model.named_parameters())
     loaded: set[str] = set()
-    files = _safetensors_files(Path(folder))
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(files), desc="loading weights", unit="file")
-    for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            for hf_name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
-                name = our_name(spec.arch, hf_name)
-                if name == "lm_head.weight" and model.tie_word_embeddings:
-                    continue
-                if name not in params:
-                    raise ValueError(f"unexpected weight {hf_name!r} in {path.name}")
-                if name in loaded:
-                    raise ValueError(f"weight {hf_name!r} appears twice")
-                tensor = f.get_tensor(hf_name)
-                param = params[name]
-                if tuple(param.shape) != tuple(tensor.shape):
-                    raise ValueError(
-                        f"shape mismatch for {hf_name!r}: checkpoint {tuple(tensor.shape)}, "
-                        f"model {tuple(param.shape)}"
-                    )
-                if spec.qkv_per_head and ".self_attn.qkv." in name:
-                    tensor = _per_head_to_qkv(tensor, spec.num_heads)
-                param.data.copy_(tensor)
-                loaded.add(name)
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+    for file_name, hf_name, f in checkpoint_tensors(folder, progress):
+        name = our_name(spec.arch, hf_name)
+        if name == "lm_head.weight" and model.tie_word_embeddings:
+            continue
+        if name not in params:
+            raise ValueError(f"unexpected weight {hf_name!r} in {file_name}")
+        if name in loaded:
+            raise ValueError(f"weight {hf_name!r} appears twice")
+        tensor = f.get_tensor(hf_name)
+        param = params[name]
+        if tuple(param.shape) != tuple(tensor.shape):
+            raise ValueError(
+                f"shape mismatch for {hf_name!r}: checkpoint {tuple(tensor.shape)}, "
+                f"model {tuple(param.shape)}"
+            )
+        if spec.qkv_per_head and ".self_attn.qkv." in name:
+            tensor = _per_head_to_qkv(tensor, spec.num_heads)
+        param.data.copy_(tensor)
+        loaded.add(name)
     missing = [n for n in params if n not in loaded]
     if missing:
         raise ValueError(f"checkpoint {folder} lacks weights for: {', '.join(missing[:8])}")

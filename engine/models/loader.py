@@ -66,57 +66,67 @@ def _safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
-@torch.no_grad()
-def load_weights(model: LlamaForCausalLM, folder: str | Path, progress: bool = False) -> None:
+def checkpoint_tensors(folder: str | Path, progress: bool = False):
+    """(file name, tensor name, open file) for every tensor of a folder's safetensors files, a
+    progress bar over the files; the caller reads a tensor with `f.get_tensor(name)` only if it
+    wants it."""
     from safetensors import safe_open
 
-    folder = Path(folder)
-    params = dict(model.named_parameters())
-    sizes = _fused_slices(model)
-    loaded: dict[str, set[int]] = {name: set() for name in params}
-    files = _safetensors_files(folder)
+    files = _safetensors_files(Path(folder))
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=len(files), desc="loading weights", unit="file")
-    for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            for hf_name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
-                name = hf_name.removeprefix("model.")
-                if "rotary_emb" in name:
-                    continue
-                if name == "lm_head.weight" and model.tie_word_embeddings:
-                    continue
-                shard = None
-                for frag, (fused, idx) in _FUSED.items():
-                    if f".{frag}." in name:
-                        name, shard = name.replace(f".{frag}.", f".{fused}."), idx
-                        break
-                if name not in params:
-                    raise ValueError(f"unexpected weight {hf_name!r} in {path.name}")
-                tensor = f.get_tensor(hf_name)
-                param = params[name]
-                if shard is None:
-                    target = param.data
-                else:
-                    parts = sizes[name.split(".")[-2]]
-                    start = sum(parts[:shard])
-                    target = param.data.narrow(0, start, parts[shard])
-                if tuple(target.shape) != tuple(tensor.shape):
-                    raise ValueError(
-                        f"shape mismatch for {hf_name!r}: checkpoint {tuple(tensor.shape)}, "
-                        f"model {tuple(target.shape)}"
-                    )
-                target.copy_(tensor)
-                key = 0 if shard is None else shard
-                if key in loaded[name]:
-                    raise ValueError(f"weight {hf_name!r} appears twice")
-                loaded[name].add(key)
+    try:
+        for path in files:
+            with safe_open(str(path), framework="pt") as f:
+                for hf_name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
+                    yield path.name, hf_name, f
+            if bar is not None:
+                bar.update(1)
+    finally:
         if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+            bar.close()
+
+
+@torch.no_grad()
+def load_weights(model: LlamaForCausalLM, folder: str | Path, progress: bool = False) -> None:
+    folder = Path(folder)
+    params = dict(model.named_parameters())
+    sizes = _fused_slices(model)
+    loaded: dict[str, set[int]] = {name: set() for name in params}
+    for file_name, hf_name, f in checkpoint_tensors(folder, progress):
+        name = hf_name.removeprefix("model.")
+        if "rotary_emb" in name:
+            continue
+        if name == "lm_head.weight" and model.tie_word_embeddings:
+            continue
+        shard = None
+        for frag, (fused, idx) in _FUSED.items():
+            if f".{frag}." in name:
+                name, shard = name.replace(f".{frag}.", f".{fused}."), idx
+                break
+        if name not in params:
+            raise ValueError(f"unexpected weight {hf_name!r} in {file_name}")
+        tensor = f.get_tensor(hf_name)
+        param = params[name]
+        if shard is None:
+            target = param.data
+        else:
+            parts = sizes[name.split(".")[-2]]
+            start = sum(parts[:shard])
+            target = param.data.narrow(0, start, parts[shard])
+        if tuple(target.shape) != tuple(tensor.shape):
+            raise ValueError(
+                f"shape mismatch for {hf_name!r}: checkpoint {tuple(tensor.shape)}, "
+                f"model {tuple(target.shape)}"
+            )
+        target.copy_(tensor)
+        key = 0 if shard is None else shard
+        if key in loaded[name]:
+            raise ValueError(f"weight {hf_name!r} appears twice")
+        loaded[name].add(key)
     missing = []
     for name, got in loaded.items():
         want = len(sizes[name.split(".")[-2]]) if name.split(".")[-2] in sizes else 1
