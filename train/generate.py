@@ -21,6 +21,7 @@ from typing import Any
 
 from app.chat.template import ChatMessage, PromptRenderer, _calls_text
 from grammar.dialects import GENERIC
+from train.distill import load as distilled_answers
 from train.procedural import record_tools
 from train.tool_bank import hand_tools
 from train.toolspec import Tool
@@ -36,7 +37,7 @@ SYSTEMS = [
     "You are a concise assistant. Answer briefly.",
     "You help the team with day-to-day work. Be friendly.",
 ]
-KIND_WEIGHTS = {"call": 40, "answer": 22, "parallel": 7, "followup": 9, "abstain": 14, "nocall": 4, "chat": 4}
+KIND_WEIGHTS = {"call": 36, "answer": 26, "parallel": 7, "followup": 9, "abstain": 14, "nocall": 3, "chat": 5}
 NOCALL = [
     "Sorry, I don't have a tool that can do that.",
     "I can't do that with the tools I have available.",
@@ -53,6 +54,8 @@ class Generator:
         self.rng = random.Random(seed)
         self.tools = tools if tools is not None else hand_tools() + record_tools(random.Random(seed))
         self.calls = 0
+        # turns no tool fits: the hand-written pairs and the base model's own answers (train/distill.py)
+        self.chat_qa = PLAIN_QA + distilled_answers()
 
     def _call(self, tool: Tool, args: dict[str, Any]) -> dict[str, Any]:
         self.calls += 1
@@ -111,7 +114,7 @@ class Generator:
             tools = self._toolset(list({t.name: t for t in (tool, nxt)}.values()), k=rng.choice([2, 3]))
             return msgs, tools, _calls_text(GENERIC, [self._call(nxt, a2)])
         if kind in ("abstain", "chat"):
-            question, answer = rng.choice(PLAIN_QA)
+            question, answer = rng.choice(self.chat_qa)
             msgs.append(ChatMessage("user", question))
             return msgs, ([] if kind == "chat" else self._toolset([])), answer
         if kind == "nocall":
@@ -151,7 +154,7 @@ class Generator:
                 ChatMessage("assistant", t1.answer(rng, a1, r1) + " " + t2.answer(rng, a2, r2)),
             ]
         if roll < 0.9:
-            question, answer = rng.choice(PLAIN_QA)
+            question, answer = rng.choice(self.chat_qa)
             return [ChatMessage("user", question), ChatMessage("assistant", answer)]
         domains = {t.domain for t in tools}
         other = rng.choice([t for t in self.tools if t.domain not in domains])

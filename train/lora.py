@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default="train/out/run")
     ap.add_argument("--model", default=None, help="float checkpoint folder (default: the embedded model's)")
     ap.add_argument("--examples", type=int, default=3000)
+    ap.add_argument("--data", default=None, help="rows of `train.generate` (jsonl), not generated here")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-len", type=int, default=512)
     ap.add_argument("--batch-size", type=int, default=8)
@@ -183,14 +184,21 @@ def main(argv: list[str] | None = None) -> dict:
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    from train.generate import Generator, PromptRenderer, base_model_dir
-
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    model_dir = args.model or base_model_dir()
+    if args.model is None:
+        from train.generate import base_model_dir
+
+        args.model = base_model_dir()
+    model_dir = args.model
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    rows = list(Generator(args.seed).samples(PromptRenderer(tokenizer), args.examples))
+    if args.data:  # pre-rendered rows (a machine without the app's packages can train on them)
+        rows = [json.loads(line) for line in Path(args.data).read_text().splitlines()]
+    else:
+        from train.generate import Generator, PromptRenderer
+
+        rows = list(Generator(args.seed).samples(PromptRenderer(tokenizer), args.examples))
     data = tokenize(rows, tokenizer, args.max_len)
     per_epoch = batches(data, args.batch_size, args.seed)
     total = args.max_steps or math.ceil(len(per_epoch) * args.epochs)
