@@ -14,6 +14,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("CHATLOOM_ALLOWED_HOSTS", "localhost,127.0.0.1,::1,testserver")
 # the default store of an app whose test names none (app.paths): a fresh folder per run, never the
 # user's ~/.local/share/chatloom
+# the embedded SmolLM2 as the GGUF file holds it (parity with HF): tests of the tuned model say so
+os.environ.setdefault("CHATLOOM_EMBEDDED_ADAPTER", "0")
 os.environ.setdefault("CHATLOOM_DATA_DIR", tempfile.mkdtemp(prefix="chatloom-tests-"))
 
 

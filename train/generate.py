@@ -37,7 +37,10 @@ SYSTEMS = [
     "You are a concise assistant. Answer briefly.",
     "You help the team with day-to-day work. Be friendly.",
 ]
-KIND_WEIGHTS = {"call": 36, "answer": 26, "parallel": 7, "followup": 9, "abstain": 14, "nocall": 3, "chat": 5}
+KIND_WEIGHTS = {"call": 36, "answer": 26, "parallel": 7, "followup": 9, "abstain": 14, "nocall": 0, "chat": 8}
+# refusals taught that a missing tool means "I can't": the tuned model then refused held-out tools it
+# had never seen (adapter of 2026-12-06, 10 of 42 calls); plain answers teach "no call" without that
+REFUSE_SHARE = 0.0  # of the multi-turn episodes
 NOCALL = [
     "Sorry, I don't have a tool that can do that.",
     "I can't do that with the tools I have available.",
@@ -153,7 +156,7 @@ class Generator:
                 ChatMessage("tool", json.dumps(r2, ensure_ascii=False), tool_call_id=c2["id"]),
                 ChatMessage("assistant", t1.answer(rng, a1, r1) + " " + t2.answer(rng, a2, r2)),
             ]
-        if roll < 0.9:
+        if roll < 1.0 - REFUSE_SHARE:
             question, answer = rng.choice(self.chat_qa)
             return [ChatMessage("user", question), ChatMessage("assistant", answer)]
         domains = {t.domain for t in tools}

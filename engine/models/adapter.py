@@ -4,9 +4,9 @@
 trained by `python -m train.lora`) for SmolLM2-135M-Instruct. When the embedded GGUF is served, its
 converted float folder is merged with the adapter once (W += alpha/r * B @ A for every adapted
 projection) into a sibling folder keyed by the adapter's content, built under a file lock like the
-conversion itself; later starts reuse it. Opt-in (CHATLOOM_EMBEDDED_ADAPTER=1) while the shipped
-adapter stays below its held-out targets: it makes the model call tools, but it also answers plain
-questions worse than the base model (docs/performance.md, issue 44), so the default serves the base.
+conversion itself; later starts reuse it. On by default: the base model calls no held-out tool by
+itself, the tuned one most of them (docs/performance.md, issue 44); CHATLOOM_EMBEDDED_ADAPTER=0 serves
+the base weights (the tests do, to compare with HF on the file as it is).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ _KEY = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_A(?:\.default)?\.we
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV_SWITCH, "0").strip().lower() in ("1", "on", "true", "yes")
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "off", "false", "no")
 
 
 def adapter_digest(adapter: Path) -> str:

@@ -137,7 +137,7 @@ def stack(tmp_path_factory):
     cl_port, n8n_port = _port(), _port()
     cl_log, n8n_log = tmp / "chatloom.log", tmp / "n8n.log"
     env = {**os.environ, "CHATLOOM_DATABASE_URL": f"sqlite:///{tmp}/chatloom.db"}
-    env.setdefault("CHATLOOM_EMBEDDED_ADAPTER", "1")  # the tuned model (opt-in while below target)
+    env["CHATLOOM_EMBEDDED_ADAPTER"] = "1"  # the tuned model (tests/conftest.py serves the base)
     chatloom = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "serve", "--port", str(cl_port)],
         cwd=ROOT,

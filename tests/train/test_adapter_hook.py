@@ -50,8 +50,8 @@ def test_other_files_the_switch_and_a_missing_adapter_keep_the_base(setup, tmp_p
     assert adapter_mod.for_embedded(embedded, converted, tmp_path / "absent") == converted
     monkeypatch.setenv(adapter_mod.ENV_SWITCH, "0")
     assert adapter_mod.for_embedded(embedded, converted, shipped) == converted
-    monkeypatch.delenv(adapter_mod.ENV_SWITCH)  # opt-in: unset serves the base
-    assert adapter_mod.for_embedded(embedded, converted, shipped) == converted
+    monkeypatch.delenv(adapter_mod.ENV_SWITCH)  # on by default: unset serves the tuned model
+    assert adapter_mod.for_embedded(embedded, converted, shipped) != converted
 
 
 def test_an_adapter_for_another_shape_is_refused(setup, tmp_path):
