@@ -117,6 +117,11 @@ class EngineCore:
                 config, self.vocab_size, self.eos_token_ids, self.device, self.dtype, self.runner.num_blocks
             )
             self.overlap = False
+            if self.device.type == "cuda":
+                log.warning(
+                    "speculative decoding on CUDA runs its steps eagerly, without overlap: it measured "
+                    "slower than plain decoding there (docs/performance.md, issue 50); use it on the CPU"
+                )
         self._inflight: _InFlight | None = None
         # (batch, logits, sampling) of a step whose forward the previous step launched (launch_ahead)
         self._ahead: tuple | None = None
