@@ -92,7 +92,10 @@ def workflow(name: str, webhook: str, responses_api: bool, streaming: bool) -> d
         }
 
     lc = "@n8n/n8n-nodes-langchain."
-    model = {"model": {"__rl": True, "mode": "id", "value": "SmolLM2-135M-Instruct"}, "options": {}}
+    # Sampling Temperature 0 (the node's option), as the README advises for a small local model: with
+    # the node's default the 135M model sometimes answers a sum itself (3 of 4 passed, 2026-12-06)
+    options = {"temperature": float(os.environ.get("CHATLOOM_N8N_TEMPERATURE", "0"))}
+    model = {"model": {"__rl": True, "mode": "id", "value": "SmolLM2-135M-Instruct"}, "options": options}
     model["responsesApiEnabled"] = responses_api
     return {
         "id": uuid.uuid4().hex[:16],
@@ -138,11 +141,12 @@ def stack(tmp_path_factory):
     cl_log, n8n_log = tmp / "chatloom.log", tmp / "n8n.log"
     env = {**os.environ, "CHATLOOM_DATABASE_URL": f"sqlite:///{tmp}/chatloom.db"}
     env["CHATLOOM_EMBEDDED_ADAPTER"] = "1"  # the tuned model (tests/conftest.py serves the base)
+    cl_out, n8n_out = cl_log.open("w"), n8n_log.open("w")  # closed when the stack goes down
     chatloom = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "serve", "--port", str(cl_port)],
         cwd=ROOT,
         env=env,
-        stdout=cl_log.open("w"),
+        stdout=cl_out,
         stderr=subprocess.STDOUT,
     )
     n8n_env = {
@@ -178,7 +182,7 @@ def stack(tmp_path_factory):
     )
     for f in flows:  # n8n 2.x publishes (activates) a workflow from the CLI with publish:workflow
         subprocess.run([*cli, "publish:workflow", f"--id={f['id']}"], env=n8n_env, check=True)
-    n8n = subprocess.Popen([*cli, "start"], env=n8n_env, stdout=n8n_log.open("w"), stderr=subprocess.STDOUT)
+    n8n = subprocess.Popen([*cli, "start"], env=n8n_env, stdout=n8n_out, stderr=subprocess.STDOUT)
     try:
         _wait(f"http://127.0.0.1:{cl_port}/health", chatloom, 900, cl_log)
         _wait(f"http://127.0.0.1:{n8n_port}/healthz", n8n, 300, n8n_log)
@@ -192,6 +196,9 @@ def stack(tmp_path_factory):
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()
+        cl_out.close()
+        n8n_out.close()
 
 
 def _reply_text(response: httpx.Response, streaming: bool) -> str:
