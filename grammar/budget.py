@@ -37,6 +37,7 @@ INF = np.int32(1 << 20)
 # undercount by one token per forced stretch near the end
 MARGIN = 2
 _HELPER_DIST_STATES = 4096  # cached rows of BudgetAutomaton.helper_dist (H int32 each)
+_ALLOWED_ROWS = 1024  # cached rows of BudgetAutomaton.allowed (mask_words uint32 each: ~19 MB at 152k)
 _PUNCT = set(b'{}[]",: \n0123456789-.')
 _LITERAL_EXTRAS = ['", "', '": "', '": ', '"}', '"}}', "}}", '"]', "]}", "[]", "{}", "true", "false", "null"]
 
@@ -173,6 +174,35 @@ class BudgetAutomaton:
         self.max_dist = int(dist[live].max())  # bounds D after any token, however long
         self.min_tokens = int(dist[self.start]) + MARGIN
         self._helper_dist: dict[int, np.ndarray] = {}
+        self._allowed: dict[tuple[int, int], np.ndarray] = {}
+        # (H,) word and bit of each helper token in a bitmask row
+        self.helper_word = self.helper_ids // 32
+        self.helper_bit = np.uint32(1) << (self.helper_ids % 32).astype(np.uint32)
+
+    def allowed(self, state: int, slack: int) -> np.ndarray:
+        """(mask_words,) uint32 budget row of a live state with `slack` (D allowed after the next
+        token; below max_dist): the longest length class that fits, the helpers that fit, EOS.
+        Cached per (state, slack): requests near their limit share the few states they are in.
+        Read-only (shared)."""
+        key = (state, slack)
+        hit = self._allowed.get(key)
+        if hit is not None:
+            return hit
+        tables = self.tables
+        fits = np.nonzero(self.worst[:, state] <= slack)[0]
+        if len(fits):
+            row = tables.class_masks[int(fits[-1])].copy()
+        else:
+            row = np.zeros(tables.class_masks.shape[1], dtype=np.uint32)
+            eos = self.vocab.eos_id
+            row[eos // 32] = np.uint32(1) << np.uint32(eos % 32)
+        ok = self.helper_dist(state) <= slack
+        if ok.any():
+            np.bitwise_or.at(row, self.helper_word[ok], self.helper_bit[ok])
+        row.flags.writeable = False
+        if len(self._allowed) < _ALLOWED_ROWS:
+            self._allowed[key] = row
+        return row
 
     def helper_dist(self, state: int) -> np.ndarray:
         """(H,) D after each helper token from one state; cached per state (a request near its
@@ -243,6 +273,14 @@ class BudgetCursor:
     def dist(self) -> int:
         return 1 if self.lost else int(self.auto.dist[self.state])
 
+    def slack(self, remaining: int) -> int | None:
+        """D allowed after the next token when the budget restricts it (allowed(state, slack)), else
+        None (no token can break the budget, or the budget is lost)."""
+        slack = remaining - 1 - MARGIN
+        if slack >= self.auto.max_dist or self.state == self.auto.n_states:
+            return None
+        return slack
+
     def unrestricted(self, remaining: int) -> bool:
         """True when no token can break the budget (or the budget is lost): the mask is left alone."""
         return self.lost or remaining - 1 - MARGIN >= self.auto.max_dist
@@ -259,18 +297,8 @@ class BudgetCursor:
         slack = remaining - 1 - MARGIN  # D allowed after this token
         if slack >= auto.max_dist or self.lost:
             return False
-        words = row.shape[0]
-        fits = np.nonzero(auto.worst[:, self.state] <= slack)[0]
-        if len(fits):
-            allowed = auto.tables.class_masks[int(fits[-1]), :words].copy()
-        else:
-            allowed = np.zeros(words, dtype=np.uint32)
-            eos = auto.vocab.eos_id
-            allowed[eos // 32] = np.uint32(1) << np.uint32(eos % 32)
-        ok = auto.helper_ids[auto.helper_dist(self.state) <= slack]
-        if len(ok):
-            np.bitwise_or.at(allowed, ok // 32, np.uint32(1) << (ok % 32).astype(np.uint32))
-        row &= allowed
+        allowed = auto.allowed(self.state, slack)
+        row &= allowed[: row.shape[0]]
         return True
 
     def _nearest(self, row: np.ndarray) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
+import numpy as np
 import torch
 
 from grammar.budget import MARGIN, BudgetAutomaton, BudgetCursor
@@ -42,15 +43,40 @@ class GrammarConstraint:
     def fill_bitmasks(bitmask: torch.Tensor, rows: list[tuple[GrammarConstraint, int, int]]) -> None:
         """fill_bitmask for many rows of one (batch, words) bitmask: the matchers fill their rows in
         one call, then the budget narrows the rows that are near their limit."""
-        full = [(c, row, remaining) for c, row, remaining in rows if bitmask.shape[1] == c.words]
-        for c, row, remaining in rows:
-            if bitmask.shape[1] != c.words:
-                c.fill_bitmask(bitmask, row, remaining)
+        width = bitmask.shape[1]
+        full = []
+        for item in rows:
+            if item[0].words == width:
+                full.append(item)
+            else:
+                item[0].fill_bitmask(bitmask, item[1], item[2])
         if not full:
             return
         LLGuidanceMatcher.fill_masks(bitmask, [(c.matcher, row) for c, row, _ in full])
-        for c, row, remaining in full:
-            c._narrow(bitmask[row], remaining)
+        GrammarConstraint.narrow_rows(bitmask, full)
+
+    @staticmethod
+    def narrow_rows(bitmask: torch.Tensor, rows: list[tuple[GrammarConstraint, int, int]]) -> None:
+        """AND the budget into the grammar rows of a (batch, words) int32 CPU bitmask, as _narrow
+        does row by row: rows far from their limit are not touched; the others take their budget
+        rows (cached per budget state) in one numpy AND."""
+        tight = []  # (constraint, row, budget row)
+        for c, row, remaining in rows:
+            slack = c.cursor.slack(remaining)
+            if slack is not None:
+                tight.append((c, row, c.cursor.auto.allowed(c.cursor.state, slack)))
+        if not tight:
+            return
+        words = bitmask.numpy().view(np.uint32)  # (batch, words), the tensor's memory
+        idx = np.fromiter((row for _, row, _ in tight), dtype=np.int64, count=len(tight))
+        grammar_rows = words[idx]  # (tight, words) copy
+        narrowed = grammar_rows & np.stack([allowed[: words.shape[1]] for _, _, allowed in tight])
+        words[idx] = narrowed
+        empty = ~narrowed.any(axis=1)
+        for k, (c, row, _) in enumerate(tight):
+            c.restricted_steps += 1
+            if empty[k]:
+                c._fallback(bitmask[row], torch.from_numpy(grammar_rows[k].view(np.int32)))
 
     def accept_token(self, token_id: int) -> bool:
         if self.done or not self.matcher.accept_token(token_id):
@@ -82,11 +108,14 @@ class GrammarConstraint:
         if self.cursor.restrict(own, remaining_tokens):
             self.restricted_steps += 1
             if not bool(own.any()):
-                # the backend allows only tokenizations the budget's shortest paths do not use
-                # (llguidance keeps forced text canonical) or remaining < D: stay inside the grammar,
-                # preferring the tokens that leave the least to do; never hit in tests
-                own.copy_(grammar_row)
-                self.cursor.restrict(own, 1 << 30, nearest=True)
+                self._fallback(own, grammar_row)
+
+    def _fallback(self, own: torch.Tensor, grammar_row: torch.Tensor) -> None:
+        # the backend allows only tokenizations the budget's shortest paths do not use (llguidance
+        # keeps forced text canonical) or remaining < D: stay inside the grammar, preferring the
+        # tokens that leave the least to do; never hit in tests
+        own.copy_(grammar_row)
+        self.cursor.restrict(own, 1 << 30, nearest=True)
 
     @property
     def min_tokens_left(self) -> int:
