@@ -7,7 +7,9 @@ the CPU path against its peers on one GGUF file, in one process (issue 45).
 - C1: bench.workloads' 16 mixed requests; chatloom's continuous batching against HF's static batch and
   llama.cpp's requests one after another (its Python binding runs one sequence at a time).
 - Quality (with --quantization): 16 chat prompts x 32 greedy tokens against float32's, the share of
-  tokens before the first divergence and the continuations equal throughout.
+  tokens before the first divergence and the continuations equal throughout, and the teacher-forced
+  top-1 agreement (each position fed float32's tokens before it); HF transformers float32 against
+  chatloom float32 by both metrics is printed beside them as the floor.
 - Memory (--memory): the resident set after loading, float32 / int8 / int4, each in a fresh process.
 
 llama-cpp-python is an optional bench dependency (`pip install llama-cpp-python`), never a runtime one:
@@ -129,8 +131,58 @@ def llamacpp_c1(model, prompts, outs) -> float:
     return produced / dt
 
 
-def quality(gguf: str, mode: str, threads: int, quantized_llm) -> dict:
-    """16 chat prompts x QUALITY_NEW greedy tokens, quantized against float32."""
+def _divergence(got: list[list[int]], want: list[list[int]]) -> tuple[int, int]:
+    """(tokens before the first divergence, summed; continuations equal throughout)."""
+    prefix = sum(
+        next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
+        for a, b in zip(got, want, strict=True)
+    )
+    return prefix, sum(a == b for a, b in zip(got, want, strict=True))
+
+
+def teacher_forced(llm, prompts: list[list[int]], want: list[list[int]]) -> int:
+    """How many of want's tokens llm's greedy next token reproduces when fed the prompt and want's
+    tokens before it (top-1 agreement; no divergence carries over). One wave per position, so each
+    wave finds the previous one's blocks in the prefix cache."""
+    from engine import SamplingParams
+
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    agree = 0
+    for i in range(len(want[0])):
+        outs = llm.generate([p + w[:i] for p, w in zip(prompts, want, strict=True)], one)
+        agree += sum(o.outputs[0].token_ids[0] == w[i] for o, w in zip(outs, want, strict=True))
+    return agree
+
+
+def hf_floor(folder: str, prompts: list[list[int]], want: list[list[int]]) -> dict:
+    """HF transformers float32 on the same weights against chatloom's float32 tokens: the floor that a
+    different kernel's summation order alone sets for both metrics."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    got, agree = [], 0
+    with torch.no_grad():
+        for p, w in zip(prompts, want, strict=True):
+            ids = torch.tensor([p + w])
+            logits = model(ids).logits[0, len(p) - 1 : len(p) + len(w) - 1]  # (len(w), V)
+            agree += int((logits.argmax(-1) == torch.tensor(w)).sum())
+            # free-running greedy with EOS kept as a token (ignore_eos), as chatloom's run
+            out = model(torch.tensor([p]), use_cache=True)
+            seq = [int(out.logits[0, -1].argmax())]
+            while len(seq) < len(w):
+                out = model(torch.tensor([seq[-1:]]), cache=out.cache, use_cache=True)
+                seq.append(int(out.logits[0, -1].argmax()))
+            got.append(seq)
+    prefix, equal = _divergence(got, want)
+    return {"prefix_tokens": prefix, "equal_continuations": equal, "teacher_forced_tokens": agree}
+
+
+def quality(gguf: str, mode: str, threads: int, quantized_llm, floor: bool = True) -> dict:
+    """16 chat prompts x QUALITY_NEW greedy tokens, quantized against float32, by two metrics: the
+    share of tokens before the first divergence (free-running; one near-tie flips the rest), and the
+    teacher-forced top-1 agreement (each position fed float32's tokens before it). With floor, HF
+    transformers float32 against chatloom float32 by both, for reference."""
     from engine import LLM, SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=QUALITY_NEW, ignore_eos=True)
@@ -143,16 +195,26 @@ def quality(gguf: str, mode: str, threads: int, quantized_llm) -> dict:
     got = [o.outputs[0].token_ids for o in quantized_llm.generate(prompts, params)]
     ref_llm = LLM(gguf, device="cpu", dtype="float32", num_threads=threads)
     want = [o.outputs[0].token_ids for o in ref_llm.generate(prompts, params)]
+    folder = ref_llm.config.model
     del ref_llm
-    prefix = 0
-    for a, b in zip(got, want, strict=True):
-        n = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
-        prefix += n
-    equal = sum(a == b for a, b in zip(got, want, strict=True))
+    prefix, equal = _divergence(got, want)
+    agree = teacher_forced(quantized_llm, prompts, want)
     total = len(QUESTIONS) * QUALITY_NEW
     print(f"quality {mode} vs float32: {prefix}/{total} = {prefix / total:.1%} of the tokens before the "
-          f"first divergence; {equal}/{len(QUESTIONS)} continuations equal throughout")  # fmt: skip
-    return {"prefix_share": prefix / total, "equal_continuations": equal}
+          f"first divergence; {equal}/{len(QUESTIONS)} continuations equal throughout; teacher-forced "
+          f"top-1 agreement {agree}/{total} = {agree / total:.1%}")  # fmt: skip
+    result = {"prefix_share": prefix / total, "equal_continuations": equal, "teacher_forced": agree / total}
+    if floor:
+        ref = hf_floor(folder, prompts, want)
+        print(f"floor, HF transformers float32 vs chatloom float32: {ref['prefix_tokens'] / total:.1%} "
+              f"before the first divergence, {ref['equal_continuations']}/{len(QUESTIONS)} equal; "
+              f"teacher-forced {ref['teacher_forced_tokens'] / total:.1%}")  # fmt: skip
+        result["floor_hf"] = {
+            "prefix_share": ref["prefix_tokens"] / total,
+            "equal_continuations": ref["equal_continuations"],
+            "teacher_forced": ref["teacher_forced_tokens"] / total,
+        }
+    return result
 
 
 def rss_after_load(gguf: str, threads: int) -> dict:

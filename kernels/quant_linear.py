@@ -11,15 +11,30 @@ to a scalar loop ~10x slower), so x is rounded to bfloat16 on the way in and the
 x's dtype. Scales and zeros are rounded to bfloat16 before the weights are quantized against them, so the
 weights the kernel sees are exactly `dequantize`'s.
 
+int4 keeps a GGUF file's Q4_1 weights as they are: the converted float folder holds their exact
+dequantization w = d * q + m per block of 32 (fp16 d and m, q in 0..15), and `q41_grid` recovers q, d
+and m from it exactly (the block's min is m, (max - min) / 15 is d; the round trip is checked bit for
+bit), so no weight is rounded again (a weight off that grid, e.g. one with a LoRA adapter merged into
+it, is quantized from its min and max as before). d and m + 8d need more bits than bfloat16 holds: each
+is split into a bfloat16 hi part and the bfloat16 of its remainder (lo), two scale sets over the one
+packed q (W_hi + W_lo), and x likewise into hi and lo rows. `product` then sums x_hi W_hi + x_lo W_hi
+(one call, 2M rows) and x_hi W_lo (a second call) in float32; what is left is the kernel's bfloat16
+rounding of each output (2^-8 relative), which these kernels cannot hand back in float32. SPLIT_ENV
+picks a cheaper variant for measurement (bench.cpu1).
+
 The quantized form hangs on the Parameter itself (attribute QUANT) and its float storage is released
 (the parameter keeps its shape as a zero-stride view, so shape checks and the module tree are
 unchanged): `kernels.dispatch` looks the attribute up before any float product. The logits weight is
-int8 in both modes; a tied embedding's lookup reads those int8 rows (`embedding`). float32 stays the
-default and the exact path.
+int8 in both modes; a tied embedding's lookup reads those int8 rows (`embedding`). Where the logits
+weight is a GGUF Q8_0 tensor's exact dequantization (`q80_grid`, Q80_ENV), its exact rows (int8 q and
+an fp16 d per block of 32) are kept beside the kernel's: the refined leading logits and the tied
+lookup read them, so both are float32-exact; they cost V x H bytes more. float32 stays the default and
+the exact path.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +43,12 @@ MODES = ("int8", "int4")
 GROUP = 32  # int4: input columns sharing one (scale, zero)
 REFINE_TOP = 32  # logits recomputed in float32 per row (QuantWeight.refine)
 QUANT = "_chatloom_quant"  # the Parameter attribute holding its QuantWeight
-ROWS = "_chatloom_rows"  # an embedding table's int8 rows for the lookup: (int8 (V, H), scale (V,))
+ROWS = "_chatloom_rows"  # an embedding table's int8 rows for the lookup: (q (V, H), scale (V,) | (V, H / 32))
+# "1": a logits weight on GGUF Q8_0's grid keeps its exact rows for the refine and the tied lookup
+Q80_ENV = "CHATLOOM_Q80_ROWS"
+# int4 on a Q4_1 grid: "both" (x and the scales split into bfloat16 hi + lo), "scales", "x", or "none"
+SPLIT_ENV = "CHATLOOM_INT4_SPLIT"
+SPLITS = ("both", "scales", "x", "none")
 
 
 @dataclass
@@ -39,6 +59,9 @@ class QuantWeight:
     scales: torch.Tensor  # int8: (N,) bf16; int4: (K / GROUP, N, 2) bf16 [scale, zero]
     nbytes: int  # what data and scales hold
     refine: int = 0  # int8: the largest outputs of each row recomputed in float32 (`product`)
+    lo_scales: torch.Tensor | None = None  # int4 on a Q4_1 grid: (K / GROUP, N, 2) bf16 remainders (W_lo)
+    split_x: bool = False  # int4 on a Q4_1 grid: x goes in as bfloat16 hi and lo rows
+    rows: tuple[torch.Tensor, torch.Tensor] | None = None  # Q8_0 grid: q (N, K) int8, d (N, K / 32) fp16
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,15 +84,67 @@ def quantize_int4(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, to
     return q.clamp(0, 15).to(torch.int32).reshape(n, k), scale, zero
 
 
+def q41_grid(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(q (N, K) int32 in 0..15, d (N, K / GROUP) float32, m (N, K / GROUP) float32) with
+    w == d * q + m exactly in float32 (GGUF Q4_1's dequantization, fp16 d and m), or None where some
+    block of w is not on such a grid."""
+    n, k = w.shape
+    if k % GROUP:
+        return None
+    wg = w.detach().float().reshape(n, k // GROUP, GROUP)
+    lo, hi = wg.amin(dim=-1), wg.amax(dim=-1)
+    d = ((hi - lo) / 15.0).half().float()
+    m = lo.half().float()
+    q = torch.round((wg - m[..., None]) / torch.where(d == 0, 1.0, d)[..., None])
+    if q.min() < 0 or q.max() > 15 or not torch.equal(d[..., None] * q + m[..., None], wg):
+        return None
+    return q.to(torch.int32).reshape(n, k), d, m
+
+
+def q80_grid(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(q (N, K) int8, d (N, K / GROUP) float32) with w == d * q exactly (GGUF Q8_0's dequantization,
+    fp16 d, |q| <= 127 and 127 in each block), or None where some block of w is off such a grid."""
+    n, k = w.shape
+    if k % GROUP:
+        return None
+    wg = w.detach().float().reshape(n, k // GROUP, GROUP)
+    d = (wg.abs().amax(dim=-1) / 127.0).half().float()
+    q = torch.round(wg / torch.where(d == 0, 1.0, d)[..., None])
+    if q.abs().max() > 127 or not torch.equal(d[..., None] * q, wg):
+        return None
+    return q.to(torch.int8).reshape(n, k), d
+
+
+def _block_rows(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """q (..., K) int8 with scale (...) per row or (..., K / GROUP) per block -> float32 rows (..., K)."""
+    if scale.dim() == q.dim() - 1:
+        return q.float() * scale.float()[..., None]
+    shape = q.shape
+    qg = q.reshape(*shape[:-1], shape[-1] // GROUP, GROUP).float()
+    return (qg * scale.float()[..., None]).reshape(shape)
+
+
+def _hi_lo(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """v (float32) -> (hi, lo) bfloat16 with hi + lo == v to 16 significant bits."""
+    hi = v.to(torch.bfloat16)
+    return hi, (v - hi.float()).to(torch.bfloat16)
+
+
+def _int4_weight(q: torch.Tensor, sz: torch.Tensor) -> torch.Tensor:
+    """(N, K) float32 of packed-layout q and (K / GROUP, N, 2) [scale, zero]: (q - 8) * scale + zero."""
+    n, k = q.shape
+    scale, zero = sz[..., 0].t().float(), sz[..., 1].t().float()  # (N, K / GROUP) each
+    wg = (q.reshape(n, k // GROUP, GROUP).float() - 8) * scale[..., None] + zero[..., None]
+    return wg.reshape(n, k)
+
+
 def dequantize(qw: QuantWeight) -> torch.Tensor:
-    """The (N, K) float32 weight the kernel multiplies by (the reference)."""
-    n, k = qw.shape
+    """The (N, K) float32 weight the kernel multiplies by (the reference): W_hi + W_lo where split."""
     if qw.mode == "int8":
         return qw.data.float() * qw.scales.float()[:, None]
     q = _unpacked_int4(qw)
-    scale, zero = qw.scales[..., 0].t().float(), qw.scales[..., 1].t().float()  # (N, K / GROUP) each
-    wg = (q.reshape(n, k // GROUP, GROUP).float() - 8) * scale[..., None] + zero[..., None]
-    return wg.reshape(n, k)
+    w = _int4_weight(q, qw.scales)
+    return w if qw.lo_scales is None else w + _int4_weight(q, qw.lo_scales)
 
 
 def _unpacked_int4(qw: QuantWeight) -> torch.Tensor:
@@ -82,9 +157,10 @@ def _unpacked_int4(qw: QuantWeight) -> torch.Tensor:
     return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, qw.data, GROUP, ones).t().round().to(torch.int32)
 
 
-def quantize(w: torch.Tensor, mode: str) -> QuantWeight | None:
+def quantize(w: torch.Tensor, mode: str, split: str | None = None) -> QuantWeight | None:
     """The QuantWeight of w (N, K), or None where the kernel takes no such shape (int4: K not a multiple
-    of GROUP, or N not of 16)."""
+    of GROUP, or N not of 16). int4 keeps a Q4_1 grid exactly (`q41_grid`; split: SPLITS, default the
+    SPLIT_ENV variable's, else "both")."""
     if mode not in MODES:
         raise ValueError(f"quantization must be one of {MODES}, got {mode!r}")
     n, k = w.shape
@@ -93,32 +169,66 @@ def quantize(w: torch.Tensor, mode: str) -> QuantWeight | None:
         return QuantWeight("int8", (n, k), q, scale, q.numel() + 2 * n)
     if k % GROUP or n % 16:
         return None
-    q, scale, zero = quantize_int4(w)
+    split = split or os.environ.get(SPLIT_ENV, "both")
+    if split not in SPLITS:
+        raise ValueError(f"{SPLIT_ENV} must be one of {SPLITS}, got {split!r}")
+    grid = q41_grid(w)
+    lo_sz = None
+    if grid is None:
+        q, scale, zero = quantize_int4(w)
+        sz = torch.stack([scale.t(), zero.t()], dim=-1).contiguous()  # (K / GROUP, N, 2)
+    else:
+        q, d, m = grid
+        (s_hi, s_lo), (z_hi, z_lo) = _hi_lo(d), _hi_lo(m + 8.0 * d)  # w = (q - 8) * d + (m + 8d)
+        sz = torch.stack([s_hi.t(), z_hi.t()], dim=-1).contiguous()
+        if split in ("both", "scales"):
+            lo_sz = torch.stack([s_lo.t(), z_lo.t()], dim=-1).contiguous()
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-    sz = torch.stack([scale.t(), zero.t()], dim=-1).contiguous()  # (K / GROUP, N, 2)
-    return QuantWeight("int4", (n, k), packed, sz, packed.numel() + sz.numel() * 2)
+    nbytes = packed.numel() + sz.numel() * 2 * (1 if lo_sz is None else 2)
+    split_x = grid is not None and split in ("both", "x")
+    return QuantWeight("int4", (n, k), packed, sz, nbytes, lo_scales=lo_sz, split_x=split_x)
 
 
 def product(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, K) @ dequantize(qw)^T + bias, on torch's packed kernel, in x's dtype."""
     xb = x.to(torch.bfloat16)
     if qw.mode == "int8":
-        y = torch.ops.aten._weight_int8pack_mm(xb, qw.data, qw.scales)
+        y = torch.ops.aten._weight_int8pack_mm(xb, qw.data, qw.scales).to(x.dtype)
+    elif qw.split_x or qw.lo_scales is not None:
+        y = _int4_split(x, xb, qw)
     else:
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, qw.data, GROUP, qw.scales)
-    y = y.to(x.dtype)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, qw.data, GROUP, qw.scales).to(x.dtype)
     if qw.refine and qw.mode == "int8" and bias is None:
         # logits: the kernel's bfloat16 output steps by 1/8 at 16-32, which ties and swaps the leading
         # tokens; their values again in float32 from x and the dequantized rows
+        # (from the exact Q8_0 rows where they were kept)
         top = y.topk(min(qw.refine, y.shape[1]), dim=1).indices  # (M, refine)
-        rows = qw.data[top].to(x.dtype) * qw.scales[top].to(x.dtype)[..., None]  # (M, refine, K)
+        q, scale = qw.rows if qw.rows is not None else (qw.data, qw.scales)
+        rows = _block_rows(q[top], scale[top]).to(x.dtype)  # (M, refine, K)
         y.scatter_(1, top, torch.einsum("mk,mrk->mr", x, rows))
     return y if bias is None else y.add_(bias)
 
 
+def _int4_split(x: torch.Tensor, xb: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
+    """x_hi W_hi [+ x_lo W_hi] [+ x_hi W_lo], summed in float32 (module docstring), in x's dtype."""
+    mm = torch.ops.aten._weight_int4pack_mm_for_cpu
+    m = x.shape[0]
+    if qw.split_x:
+        xl = (x.float() - xb.float()).to(torch.bfloat16)
+        both = mm(torch.cat([xb, xl]), qw.data, GROUP, qw.scales).float()  # (2M, N): hi rows, lo rows
+        y = both[:m].add_(both[m:])
+    else:
+        y = mm(xb, qw.data, GROUP, qw.scales).float()
+    if qw.lo_scales is not None:
+        y.add_(mm(xb, qw.data, GROUP, qw.lo_scales).float())
+    return y.to(x.dtype)
+
+
 def reference_product(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """product's value in float32 from the dequantized weight (what the tests compare against)."""
-    y = x.to(torch.bfloat16).float() @ dequantize(qw).t()
+    """product's value in float32 from the dequantized weight (what the tests compare against); x as
+    the kernel gets it (rounded to bfloat16 unless it is split)."""
+    xr = x.float() if qw.split_x else x.to(torch.bfloat16).float()
+    y = xr @ dequantize(qw).t()
     return (y if bias is None else y + bias.float()).to(x.dtype)
 
 
@@ -140,7 +250,7 @@ def embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     if rows is None:
         return torch.nn.functional.embedding(ids, table)
     q, scale = rows
-    return (torch.nn.functional.embedding(ids, q).float() * scale.float()[ids, None]).to(table.dtype)
+    return _block_rows(torch.nn.functional.embedding(ids, q), scale[ids]).to(table.dtype)
 
 
 def _release(param: torch.Tensor) -> None:
@@ -172,8 +282,12 @@ def quantize_model(model: torch.nn.Module, mode: str) -> dict:
             continue
         if w is logits:
             qw.refine = REFINE_TOP
+            if os.environ.get(Q80_ENV, "1") == "1":
+                grid = q80_grid(w)
+                qw.rows = None if grid is None else (grid[0], grid[1].half())
+                qw.nbytes += 0 if qw.rows is None else qw.rows[0].numel() + qw.rows[1].numel() * 2
         if w is logits and tied:  # the embedding lookup reads the same int8 rows from now on
-            setattr(w, ROWS, (qw.data, qw.scales))
+            setattr(w, ROWS, qw.rows or (qw.data, qw.scales))
         setattr(w, QUANT, qw)
         stats["weights"] += 1
         stats["float_bytes"] += w.numel() * w.element_size()

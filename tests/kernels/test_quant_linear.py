@@ -132,3 +132,82 @@ def test_refined_logits_are_float32_exact_where_they_lead():
     assert torch.allclose(got.gather(1, top), exact.gather(1, top), rtol=1e-6, atol=1e-5)
     assert (plain.gather(1, top) - exact.gather(1, top)).abs().max() > 1e-3  # bf16 output steps
     assert torch.equal(got.argmax(1), exact.argmax(1))
+
+
+def _q41_weight(n, k, seed):
+    """A weight on GGUF Q4_1's grid: per block of GROUP, fp16 d and m, w = d * q + m with q in 0..15
+    (each block holds a 0 and a 15, as the quantizer's min and max), in float32 as gguf dequantizes."""
+    g = torch.Generator().manual_seed(seed)
+    d = (torch.rand(n, k // GROUP, generator=g) * 0.02 + 1e-3).half().float()
+    m = (-torch.rand(n, k // GROUP, generator=g) * 0.15).half().float()
+    q = torch.randint(0, 16, (n, k // GROUP, GROUP), generator=g)
+    q[..., 3], q[..., 17] = 0, 15
+    return (d[..., None] * q.float() + m[..., None]).reshape(n, k), q.reshape(n, k)
+
+
+def test_q41_grid_recovers_the_blocks_exactly():
+    w, q = _q41_weight(64, 4 * GROUP, seed=8)
+    got_q, d, m = quant_linear.q41_grid(w)
+    assert torch.equal(got_q, q.to(torch.int32))
+    assert torch.equal((d[..., None] * got_q.reshape(64, 4, GROUP).float() + m[..., None]).reshape(64, -1), w)
+    assert quant_linear.q41_grid(w + 1e-4 * _rand(*w.shape, seed=9)) is None  # off the grid
+    assert quant_linear.q41_grid(_rand(64, 4 * GROUP, seed=9)) is None
+
+
+def test_int4_keeps_a_q41_weight_exactly():
+    w, _ = _q41_weight(96, 6 * GROUP, seed=10)
+    qw = quantize(w, "int4", split="both")
+    assert qw.lo_scales is not None and qw.split_x
+    # W_hi + W_lo: d exactly (fp16 fits two bfloat16 parts), m + 8d to 16 bits
+    assert (dequantize(qw) - w).abs().max() <= 1e-5 * w.abs().max()
+    hi_only = quantize(w, "int4", split="x")
+    assert hi_only.lo_scales is None and (dequantize(hi_only) - w).abs().max() > 1e-4 * w.abs().max()
+
+
+@pytest.mark.parametrize("m", [1, 4, 19])
+def test_split_int4_product_matches_float32_up_to_the_output_rounding(m):
+    """x_hi W_hi + x_lo W_hi + x_hi W_lo reproduce x @ w^T of the Q4_1 weight in float32 to ~1e-5 of
+    sum |x| |w|, beside the kernel's bfloat16 rounding of each output (2^-8 relative), which stays; the
+    unsplit product's bfloat16 x and scales miss that bound."""
+    w, _ = _q41_weight(160, 18 * GROUP, seed=11)
+    x = _rand(m, w.shape[1], seed=12)
+    exact = x.double() @ w.double().t()
+    tol = 2**-8 * exact.abs() * 1.01 + 1e-5 * (x.double().abs() @ w.double().abs().t())
+    got = product(x, quantize(w, "int4", split="both"))
+    assert got.dtype == torch.float32 and ((got.double() - exact).abs() <= tol).all()
+    plain = product(x, quantize(w, "int4", split="none"))
+    assert ((plain.double() - exact).abs() > tol).float().mean() > 0.2
+
+
+def _q80_weight(n, k, seed):
+    """A weight on GGUF Q8_0's grid: per block of GROUP, fp16 d and int8 q (127 in each block)."""
+    g = torch.Generator().manual_seed(seed)
+    d = (torch.rand(n, k // GROUP, generator=g) * 0.01 + 1e-3).half().float()
+    q = torch.randint(-127, 128, (n, k // GROUP, GROUP), generator=g)
+    q[..., 5] = 127
+    return (d[..., None] * q.float()).reshape(n, k)
+
+
+def test_q80_logits_keep_their_exact_rows_for_the_refine_and_the_lookup(monkeypatch):
+    monkeypatch.setenv(quant_linear.Q80_ENV, "1")
+    w = _q80_weight(1024, 4 * GROUP, seed=13)
+    q, d = quant_linear.q80_grid(w)
+    assert torch.equal((q.reshape(1024, 4, GROUP).float() * d[..., None]).reshape(1024, -1), w)
+    assert quant_linear.q80_grid(w + 1e-5) is None
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList()
+    model.embed = torch.nn.Embedding(1024, 4 * GROUP)
+    with torch.no_grad():
+        model.embed.weight.copy_(w)
+        model.logits_weight = model.embed.weight
+        model.tie_word_embeddings = True
+        quant_linear.quantize_model(model, "int8")
+    qw = quant_linear.quantized(model.logits_weight)
+    assert qw.rows is not None and qw.nbytes > 2 * w.numel()  # the per-row int8 data and the exact rows
+    ids = torch.tensor([0, 9, 1023])
+    assert torch.equal(quant_linear.embedding(ids, model.embed.weight), w[ids])  # exact, not re-rounded
+    x = _rand(3, 4 * GROUP, seed=14)
+    got, exact = product(x, qw), x @ w.t()
+    top = exact.topk(8, dim=1).indices
+    assert torch.allclose(got.gather(1, top), exact.gather(1, top), rtol=1e-6, atol=1e-6)
+    assert qw.refine >= 8 and torch.equal(got.argmax(1), exact.argmax(1))
