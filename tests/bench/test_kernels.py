@@ -47,6 +47,7 @@ def test_tiny_cpu_sweep_of_prefill_only_with_a_switch_set(capsys, monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny CPU run is for machines without CUDA")
 @pytest.mark.slow
+@pytest.mark.heavy  # CI keeps the fused-decode sweep; `make test-all` runs this
 def test_tiny_cpu_ragged_sweep_times_each_split_count(capsys):
     assert bench.main(["--tiny", "--sweep-ragged", "--reps", "1"]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -97,6 +98,7 @@ def test_w2_replay_help_and_steps(capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny CPU run is for machines without CUDA")
 @pytest.mark.slow
+@pytest.mark.heavy  # CI keeps the fused-decode sweep; `make test-all` runs this
 def test_w2_replay_tiny_cpu_run(capsys, monkeypatch):
     from bench import w2_attention as bench_w2
     from kernels import decode_launch
@@ -153,6 +155,7 @@ def test_w2_replay_separate_equals_fused():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny CPU run is for machines without CUDA")
 @pytest.mark.slow
+@pytest.mark.heavy  # CI keeps the fused-decode sweep; `make test-all` runs this
 def test_qkv_bench_tiny_cpu_run(capsys):
     """bench.qkv_configs: one cell a way of loading and configuration, each with its error against the
     reference; unknown ways are refused before anything runs."""
