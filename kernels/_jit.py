@@ -9,6 +9,12 @@ Triton's own library functions (tl.sum, tl.max, ...) are themselves @triton.jit 
 the compiled mode when triton was imported without TRITON_INTERPRET. A compiled JITFunction refuses
 to be called from Python, so while one of our interpreted launches runs, calls to JITFunctions are
 routed through an InterpretedFunction of the same source (`_route_jit_calls_to_interpreter`).
+
+An interpreted launch patches triton.language's functions and classes with interpreter versions; some
+Triton releases (3.6: a device function called from an interpreted kernel patches without restoring)
+leave part of that patching in place afterwards, and a kernel compiled later in
+the same process then fails to build (`'ir.value' object has no attribute 'dtype'`). Each interpreted
+launch therefore puts triton.language back as it found it (`_LanguageSnapshot`).
 """
 
 from __future__ import annotations
@@ -73,6 +79,33 @@ def _fix_scalar_index() -> None:
     interpreter._patch_lang = patch_lang
 
 
+class _LanguageSnapshot:
+    """The attributes of triton.language's modules and of the classes they define, taken before an
+    interpreted launch and put back after it. Names the launch added stay: the interpreter adds
+    helpers it expects to find again (its semantic object), which compiled kernels never look up."""
+
+    def __init__(self) -> None:
+        import sys
+
+        modules = list(sys.modules.items())
+        owners: list = [m for name, m in modules if name.startswith("triton.language") and m]
+        owners += [
+            v
+            for m in list(owners)
+            for v in list(vars(m).values())
+            if isinstance(v, type) and getattr(v, "__module__", "").startswith("triton.language")
+        ]
+        self._saved = [(o, dict(vars(o))) for o in dict.fromkeys(owners)]
+
+    def restore(self) -> None:
+        for owner, saved in self._saved:
+            now = vars(owner)
+            for name, value in saved.items():
+                if now.get(name) is not value:
+                    with contextlib.suppress(AttributeError, TypeError):
+                        setattr(owner, name, value)
+
+
 class Kernel:
     def __init__(self, fn, **jit_kwargs):
         self.fn = fn
@@ -105,11 +138,13 @@ class Kernel:
             if fn is self._compiled:
                 return fn[grid](*args, **kwargs)
             _route_jit_calls_to_interpreter()
+            snapshot = _LanguageSnapshot()
             _interpreting.active = True
             try:
                 return fn[grid](*args, **kwargs)
             finally:
                 _interpreting.active = False
+                snapshot.restore()
 
         return launch
 
