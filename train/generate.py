@@ -7,6 +7,11 @@ Kinds: call (one call), answer (a final answer grounded in the tool's result), p
 in one turn), followup (a second request after a finished exchange), abstain (no tool fits: a plain
 answer), nocall (a polite refusal when the asked-for tool is missing), chat (no tools at all).
 
+Tools: hand-written (tool_bank.py), record actions (procedural.py) and lookups over many domains
+(lookup_tools.py), none sharing a name or domain with heldout.py (checked at start). Past calls in
+a prompt carry compact or spaced JSON arguments (clients send either back); a lone result value is
+sometimes plain text, as n8n's Calculator returns it. Targets are always the grammar's compact JSON.
+
     python -m train.generate --n 3000 --seed 0 --out train/out/data.jsonl
 """
 
@@ -22,6 +27,8 @@ from typing import Any
 from app.chat.template import ChatMessage, PromptRenderer, _calls_text
 from grammar.dialects import GENERIC
 from train.distill import load as distilled_answers
+from train.heldout import heldout_tools
+from train.lookup_tools import lookup_tools
 from train.procedural import record_tools
 from train.tool_bank import hand_tools
 from train.toolspec import Tool
@@ -37,7 +44,12 @@ SYSTEMS = [
     "You are a concise assistant. Answer briefly.",
     "You help the team with day-to-day work. Be friendly.",
 ]
-KIND_WEIGHTS = {"call": 36, "answer": 26, "parallel": 7, "followup": 9, "abstain": 14, "nocall": 0, "chat": 8}
+KIND_WEIGHTS = {
+    "call": 32, "answer": 28, "parallel": 7, "followup": 8, "abstain": 11, "nocall": 0, "chat": 20,
+}  # fmt: skip
+# which family a drawn tool comes from: lookups (many domains, values of many shapes) are most like
+# what agents call; the record actions and the hand-written tools keep their shapes in the mix
+FAMILY_WEIGHTS = {"lookup": 45, "record": 35, "hand": 20}
 # refusals taught that a missing tool means "I can't": the tuned model then refused held-out tools it
 # had never seen (adapter of 2026-12-06, 10 of 42 calls); plain answers teach "no call" without that
 REFUSE_SHARE = 0.0  # of the multi-turn episodes
@@ -52,18 +64,53 @@ def compact(args: dict[str, Any]) -> str:
     return json.dumps(args, ensure_ascii=False, separators=(",", ":"))
 
 
+def check_disjoint(tools: list[Tool]) -> None:
+    """Refuse training tools that share a name or a domain with the held-out evaluation's."""
+    held = heldout_tools()
+    names = {t.name for t in tools} & {t.name for t in held}
+    domains = {t.domain for t in tools} & {t.domain for t in held}
+    if names or domains:
+        raise ValueError(f"training tools overlap the held-out set: {sorted(names | domains)}")
+
+
 class Generator:
     def __init__(self, seed: int, tools: list[Tool] | None = None) -> None:
         self.rng = random.Random(seed)
-        self.tools = tools if tools is not None else hand_tools() + record_tools(random.Random(seed))
+        if tools is None:
+            families = {
+                "hand": hand_tools(),
+                "record": record_tools(random.Random(seed)),
+                "lookup": lookup_tools(random.Random(seed + 1)),
+            }
+        else:
+            families = {"hand": tools}
+        self.families = families
+        self.tools = [t for ts in families.values() for t in ts]
+        check_disjoint(self.tools)
         self.calls = 0
         # turns no tool fits: the hand-written pairs and the base model's own answers (train/distill.py)
         self.chat_qa = PLAIN_QA + distilled_answers()
 
-    def _call(self, tool: Tool, args: dict[str, Any]) -> dict[str, Any]:
+    def _call(self, tool: Tool, args: dict[str, Any], history: bool = False) -> dict[str, Any]:
+        """A call; in the history of a single example its arguments are sometimes spaced JSON, as
+        clients send them back (LangChain, n8n and the evaluation re-serialize with json.dumps)."""
         self.calls += 1
         cid = f"call_{self.rng.getrandbits(48):012x}"
-        return {"id": cid, "type": "function", "function": {"name": tool.name, "arguments": compact(args)}}
+        spaced = history and self.rng.random() < 0.5
+        text = json.dumps(args, ensure_ascii=False) if spaced else compact(args)
+        return {"id": cid, "type": "function", "function": {"name": tool.name, "arguments": text}}
+
+    def _pick(self) -> Tool:
+        family = self.rng.choices(list(FAMILY_WEIGHTS), list(FAMILY_WEIGHTS.values()))[0]
+        return self.rng.choice(self.families.get(family) or self.tools)
+
+    def _content(self, result: dict[str, Any]) -> str:
+        """A tool message: the result as JSON, or a lone value as plain text (n8n's Calculator)."""
+        if len(result) == 1 and self.rng.random() < 0.3:
+            (value,) = result.values()
+            if not isinstance(value, dict | list | bool):
+                return str(value)
+        return json.dumps(result, ensure_ascii=False)
 
     def _toolset(self, must: list[Tool], k: int | None = None) -> list[Tool]:
         k = k or self.rng.choice([1, 2, 2, 3])
@@ -81,20 +128,20 @@ class Generator:
         """(messages before the target turn, the tools offered, the target assistant text)."""
         rng = self.rng
         msgs = self._head()
-        tool = rng.choice(self.tools)
+        tool = self._pick()
         if kind in ("call", "answer"):
             text, args = tool.request(rng)
             msgs.append(ChatMessage("user", text))
             tools = self._toolset([tool])
-            call = self._call(tool, args)
+            call = self._call(tool, args, history=kind == "answer")
             if kind == "call":
                 return msgs, tools, _calls_text(GENERIC, [call])
             result = tool.result(args, rng)
             msgs.append(ChatMessage("assistant", "", tool_calls=[call]))
-            msgs.append(ChatMessage("tool", json.dumps(result, ensure_ascii=False), tool_call_id=call["id"]))
+            msgs.append(ChatMessage("tool", self._content(result), tool_call_id=call["id"]))
             return msgs, tools, tool.answer(rng, args, result)
         if kind == "parallel":
-            other = tool if rng.random() < 0.5 else rng.choice(self.tools)
+            other = tool if rng.random() < 0.5 else self._pick()
             t1, a1 = tool.request(rng, optional_p=0.0)
             t2, a2 = other.request(rng, optional_p=0.0)
             joiner = rng.choice([" Also, ", " And ", " Then "])
@@ -103,14 +150,14 @@ class Generator:
             return msgs, tools, _calls_text(GENERIC, [self._call(tool, a1), self._call(other, a2)])
         if kind == "followup":
             text, args = tool.request(rng)
-            call = self._call(tool, args)
+            call = self._call(tool, args, history=True)
             result = tool.result(args, rng)
-            nxt = rng.choice(self.tools)
+            nxt = self._pick()
             t2, a2 = nxt.request(rng)
             msgs += [
                 ChatMessage("user", text),
                 ChatMessage("assistant", "", tool_calls=[call]),
-                ChatMessage("tool", json.dumps(result, ensure_ascii=False), tool_call_id=call["id"]),
+                ChatMessage("tool", self._content(result), tool_call_id=call["id"]),
                 ChatMessage("assistant", tool.answer(rng, args, result)),
                 ChatMessage("user", t2),
             ]
@@ -140,7 +187,7 @@ class Generator:
             return [
                 ChatMessage("user", text),
                 ChatMessage("assistant", "", tool_calls=[call]),
-                ChatMessage("tool", json.dumps(result, ensure_ascii=False), tool_call_id=call["id"]),
+                ChatMessage("tool", self._content(result), tool_call_id=call["id"]),
                 ChatMessage("assistant", tool.answer(rng, args, result)),
             ]
         if roll < 0.65:

@@ -18,9 +18,9 @@ def _field(kind: str, name: str) -> tuple[dict[str, Any], Any, Any]:
     """(schema, value generator, text spelling or None) of one field kind."""
     label = name.replace("_", " ")
     if kind == "person":
-        return string(f"The {label}"), V.person, None
+        return string(f"The {label}"), V.person_any, None
     if kind == "email":
-        return string(f"The {label} address", format="email"), V.email, None
+        return string(f"The {label} address", format="email"), V.email_any, None
     if kind == "date":
         return string(f"The {label}, YYYY-MM-DD"), V.date, None
     if kind == "status":

@@ -81,9 +81,181 @@ def topic(rng: random.Random) -> str:
     return f"{rng.choice(ADJ)} {rng.choice(WORDS)}"
 
 
-def amount(rng: random.Random) -> float:
-    return round(rng.uniform(5, 5000), rng.choice([0, 2])) or 10.0
+def amount(rng: random.Random) -> float | int:
+    # a whole amount is an int: its JSON is "394", as the request spells it (394.0 taught a fraction)
+    if rng.random() < 0.5:
+        return rng.randint(5, 5000)
+    return whole(round(rng.uniform(5, 5000), 2))
+
+
+def whole(x: float) -> float | int:
+    """A float that rounded to a whole number as an int, so that its JSON is what the text says."""
+    return int(x) if float(x).is_integer() else x
 
 
 def number_text(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
+
+
+# values of many shapes a call must copy character for character (train/lookup_tools.py)
+APOSTROPHE = ["O'Brien", "D'Angelo", "O'Neill", "Dell'Acqua", "N'Diaye"]
+ACCENTED = ["José", "Zoë", "Renée", "Søren", "Łukasz", "Chloé", "Björn", "Ana-María"]
+TITLE_A = ["Silent", "Golden", "Hidden", "Broken", "Northern", "Little", "Last", "Crimson", "Quiet", "Wild"]
+TITLE_B = ["Harbor", "Garden", "Engine", "Lantern", "Orchard", "Bridge", "Compass", "Meadow", "Tower"]
+PLACES = ["Brookfield", "Ashford", "Millbrook", "Kingsport", "Redwater", "Elmwood", "Fairhaven"]
+STREETS = ["Oak Street", "Maple Ave", "King's Road", "Rue de la Paix", "Elm Court", "5th Avenue"]
+UNITS = ["kg", "g", "km", "m", "cm", "mm", "L", "ml", "kWh", "MB", "GB", "°C", "%", "mph", "h", "min"]
+COLORS = ["red", "navy blue", "forest green", "off-white", "charcoal", "sky-blue", "#1E90FF", "teal"]
+LOWER_WORDS = ["alpha", "harvest", "granite", "velvet", "summit", "pixel", "cobalt", "sprout", "ember"]
+
+
+def person_any(rng: random.Random) -> str:
+    """A person's name: plain, with an apostrophe, accents, a hyphen, a middle initial or a title."""
+    first = rng.choice(FIRST + ACCENTED)
+    last = rng.choice(LAST + APOSTROPHE)
+    style = rng.randrange(6)
+    if style == 0:
+        return f"{first} {rng.choice('ABCDEFGHJKLMNPRSTW')}. {last}"
+    if style == 1:
+        return f"{first} {last}-{rng.choice(LAST)}"
+    if style == 2:
+        return f"{rng.choice(['Dr.', 'Ms.', 'Mr.', 'Prof.'])} {last}"
+    return f"{first} {last}"
+
+
+def email_any(rng: random.Random) -> str:
+    user = rng.choice(
+        [
+            f"{rng.choice(FIRST).lower()}.{rng.choice(LAST).lower()}",
+            f"{rng.choice(FIRST).lower()}{rng.randint(1, 99)}",
+            f"{rng.choice(FIRST).lower()}+{rng.choice(WORDS)}",
+            f"{rng.choice(FIRST)[0].lower()}_{rng.choice(LAST).lower()}",
+            rng.choice(["support", "billing", "team", "ops", "hello", "no-reply"]),
+        ]
+    )
+    return f"{user}@{rng.choice(DOMAINS + ['corp.example.com', 'uni.edu', 'shop.co.uk'])}"
+
+
+def title(rng: random.Random) -> str:
+    """A multi-word title, sometimes with punctuation or a number."""
+    style = rng.randrange(6)
+    a, b = rng.choice(TITLE_A), rng.choice(TITLE_B)
+    if style == 0:
+        return f"The {a} {b}"
+    if style == 1:
+        return f"{a} {b} of {rng.choice(PLACES)}"
+    if style == 2:
+        return f"{b}s & {rng.choice(TITLE_B)}s"
+    if style == 3:
+        return f"{a} {b}: Part {rng.randint(2, 9)}"
+    if style == 4:
+        return f"{b} {rng.randint(2, 2049)}"
+    return f"{a} {b}"
+
+
+def ident(rng: random.Random) -> str:
+    """An id in one of many formats: letters, digits, dashes, underscores, hashes, mixed case."""
+    L = "ABCDEFGHJKLMNPQRSTUVWXYZ"
+    d = rng.randint
+    style = rng.randrange(9)
+    if style == 0:
+        return f"{''.join(rng.choices(L, k=2))}{d(1000, 999999)}"
+    if style == 1:
+        return f"{''.join(rng.choices(L, k=3))}-{d(10, 9999)}-{rng.choice(L)}"
+    if style == 2:
+        return f"{rng.choice(['ord', 'usr', 'cus', 'evt', 'inv', 'req'])}_{rng.getrandbits(40):010x}"
+    if style == 3:
+        return f"#{d(100, 99999)}"
+    if style == 4:
+        return str(d(10000, 99999999))
+    if style == 5:
+        return f"{rng.choice(L)}{d(1, 9)}{rng.choice(L)}{d(10, 99)}{rng.choice(L)}"
+    if style == 6:
+        return f"{rng.choice(LOWER_WORDS)}-{rng.choice(LOWER_WORDS)}-{d(1, 99)}"
+    if style == 7:
+        return f"{d(2019, 2026)}/{d(1, 999):03d}"
+    return f"{''.join(rng.choices(L, k=rng.randint(2, 5)))}"
+
+
+def quantity(rng: random.Random) -> str:
+    """A number with a unit, as one string: "12.5 kg", "300ml", "-4 °C"."""
+    value = rng.choice([str(rng.randint(1, 999)), f"{rng.randint(0, 99)}.{rng.randint(1, 9)}"])
+    return f"{value}{rng.choice([' ', ' ', ''])}{rng.choice(UNITS)}"
+
+
+def date_any(rng: random.Random) -> str:
+    """A date as written (copied as is): ISO, day month year, month day, slashes."""
+    y, m, day = rng.randint(2024, 2027), rng.randint(1, 12), rng.randint(1, 28)
+    style = rng.randrange(4)
+    if style == 0:
+        return f"{y}-{m:02d}-{day:02d}"
+    if style == 1:
+        return f"{day} {MONTHS[m - 1]} {y}"
+    if style == 2:
+        return f"{MONTHS[m - 1]} {day}"
+    return f"{m:02d}/{day:02d}/{y}"
+
+
+def phrase(rng: random.Random) -> str:
+    """A short lowercase phrase, several words (copied inside quotes)."""
+    w = rng.sample(LOWER_WORDS + WORDS, rng.randint(2, 4))
+    return " ".join([rng.choice(["the", "my", "our", "a"]), *w]) if rng.random() < 0.4 else " ".join(w)
+
+
+def place(rng: random.Random) -> str:
+    style = rng.randrange(4)
+    if style == 0:
+        return rng.choice(CITIES)
+    if style == 1:
+        return f"{rng.choice(PLACES)}, {rng.choice(['UK', 'NY', 'CA', 'Ontario', 'Bavaria'])}"
+    if style == 2:
+        return f"{rng.randint(1, 220)} {rng.choice(STREETS)}"
+    return rng.choice(PLACES)
+
+
+def code_upper(rng: random.Random) -> str:
+    """A short uppercase code (a plate, a course, a room): "B-12", "CS101", "GATE 4"."""
+    L = "ABCDEFGHJKLMNPRSTUVWXYZ"
+    style = rng.randrange(3)
+    if style == 0:
+        return f"{rng.choice(L)}-{rng.randint(1, 99)}"
+    if style == 1:
+        return f"{''.join(rng.choices(L, k=rng.randint(2, 4)))}{rng.randint(100, 499)}"
+    return f"{''.join(rng.choices(L, k=3))} {rng.randint(100, 999)}"
+
+
+def url(rng: random.Random) -> str:
+    host = rng.choice(DOMAINS + ["status.example.com", "docs.acme.com"])
+    path = "/".join(rng.sample(LOWER_WORDS + WORDS, rng.randint(1, 3)))
+    return f"https://{host}/{path}" + (f"?id={rng.randint(1, 999)}" if rng.random() < 0.3 else "")
+
+
+def version(rng: random.Random) -> str:
+    return f"{rng.choice(['', 'v'])}{rng.randint(0, 12)}.{rng.randint(0, 30)}.{rng.randint(0, 20)}"
+
+
+def phone(rng: random.Random) -> str:
+    d = rng.randint
+    forms = [
+        f"+1 {d(200, 999)}-{d(200, 999)}-{d(1000, 9999)}",
+        f"+44 20 {d(1000, 9999)} {d(1000, 9999)}",
+        f"({d(200, 999)}) {d(200, 999)}-{d(1000, 9999)}",
+        f"0{d(100, 999)} {d(100000, 999999)}",
+    ]
+    return rng.choice(forms)
+
+
+THINGS = ["coffee", "latte", "bagel", "sandwich", "salad", "orange juice", "muffin", "tea", "pizza slice"]
+
+
+def item(rng: random.Random) -> str:
+    """An item with its article or amount, copied whole: "a large latte", "2 slices of toast"."""
+    thing = rng.choice(THINGS)
+    style = rng.randrange(4)
+    if style == 0:
+        return f"{'an' if thing[0] in 'aeiou' else 'a'} {thing}"
+    if style == 1:
+        return f"a {rng.choice(['small', 'large', 'medium'])} {thing}"
+    if style == 2:
+        return f"{rng.randint(2, 6)} {rng.choice(['cups', 'portions', 'boxes'])} of {thing}"
+    return f"{rng.randint(100, 500)} {rng.choice(['grams', 'ml'])} of {thing}"

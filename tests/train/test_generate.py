@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
+
 from app.chat.template import PromptRenderer
 from app.chat.tool_parser import parse_whole
 from grammar.dialects import GENERIC
-from train.generate import END, Generator
+from train.generate import END, Generator, check_disjoint
 from train.heldout import ABSTAIN, PLAIN, heldout_tools
+from train.lookup_tools import lookup_tools
 from train.procedural import record_tools
 from train.tool_bank import hand_tools
 from train.values import PLAIN_QA
@@ -23,7 +26,8 @@ def _renderer(folder):
 
 
 def test_heldout_names_and_domains_never_occur_in_training(smollm2_dir):
-    training = hand_tools() + record_tools(random.Random(0))
+    training = hand_tools() + record_tools(random.Random(0)) + lookup_tools(random.Random(1))
+    assert {t.name for t in Generator(0).tools} == {t.name for t in training}
     held = heldout_tools()
     assert {t.name for t in held}.isdisjoint({t.name for t in training})
     assert {t.domain for t in held}.isdisjoint({t.domain for t in training})
@@ -35,6 +39,42 @@ def test_heldout_names_and_domains_never_occur_in_training(smollm2_dir):
         assert t.name not in text
     questions = {q for q, _ in PLAIN_QA}
     assert questions.isdisjoint(ABSTAIN) and questions.isdisjoint(q for q, _ in PLAIN)
+
+
+def test_a_tool_set_that_overlaps_the_heldout_one_is_refused():
+    with pytest.raises(ValueError, match="held-out"):
+        check_disjoint(hand_tools() + heldout_tools()[:1])
+    with pytest.raises(ValueError, match="held-out"):
+        Generator(0, tools=heldout_tools()[:2])
+
+
+def test_lookup_requests_state_every_argument_verbatim():
+    """Every argument of a lookup request is in the user's text as is, and the grounded answer
+    repeats every value the result adds."""
+    rng = random.Random(4)
+    tools = lookup_tools(random.Random(1))
+    assert len({t.domain for t in tools}) >= 40
+    for _ in range(300):
+        tool = rng.choice(tools)
+        text, args = tool.request(rng)
+        for value in args.values():
+            assert (value if isinstance(value, str) else str(value)) in text
+        result = tool.result(args, rng)
+        answer = tool.answer(rng, args, result)
+        for k, v in result.items():
+            if k not in args and not isinstance(v, bool):
+                assert str(v) in answer, (tool.name, result, answer)
+
+
+def test_past_calls_vary_their_layout_and_targets_stay_compact():
+    gen = Generator(2)
+    tool = gen.tools[0]
+    args = {"city": "Paris", "unit": "celsius"}
+    assert {gen._call(tool, args)["function"]["arguments"] for _ in range(20)} == {
+        '{"city":"Paris","unit":"celsius"}'
+    }
+    seen = {gen._call(tool, args, history=True)["function"]["arguments"] for _ in range(40)}
+    assert seen == {'{"city":"Paris","unit":"celsius"}', '{"city": "Paris", "unit": "celsius"}'}
 
 
 def test_generation_is_seeded(smollm2_dir):
