@@ -113,6 +113,7 @@ _ENGINE_FLAGS: dict[str, tuple[Any, str]] = {
     "batch_graph_max_tokens": (int, "a step with prefill chunks up to N tokens replays a graph (0: eager)"),
     "num_threads": (int, "torch CPU threads (default: torch's)"),
     "quantization": (str, "none | int8 | int4: CPU weights quantized at load (default none: float)"),
+    "cpu_compile": (bool, "compile a quantized model's CPU decode step (default: on with --quantization)"),
     "speculative_method": (str, "speculative decoding: off | ngram (prompt lookup) | draft (--draft-model)"),
     "num_speculative_tokens": (int, "most tokens proposed per sequence and step (default 4)"),
     "draft_model": (str, "with --speculative draft: a smaller checkpoint with the same tokenizer"),

@@ -47,6 +47,7 @@ class Settings(BaseSettings):
     batch_graph_max_tokens: int = 8192
     num_threads: int | None = None
     quantization: Literal["none", "int8", "int4"] = "none"  # CPU weight-only quantization
+    cpu_compile: bool | None = None  # CHATLOOM_CPU_COMPILE=0: a quantized model's CPU decode steps eager
     speculative_method: Literal["off", "ngram", "draft"] = "off"  # CHATLOOM_SPECULATIVE_METHOD=ngram
     num_speculative_tokens: int = 4
     draft_model: str | None = None

@@ -11,6 +11,8 @@ the CPU path against its peers on one GGUF file, in one process (issue 45).
   top-1 agreement (each position fed float32's tokens before it); HF transformers float32 against
   chatloom float32 by both metrics is printed beside them as the floor.
 - Memory (--memory): the resident set after loading, float32 / int8 / int4, each in a fresh process.
+- --eager: chatloom's quantized decode steps eager (EngineConfig.cpu_compile=False), for the before/after of
+  the compiled step (engine.cpu_step); its compile time is printed.
 
 llama-cpp-python is an optional bench dependency, never a runtime one: without it the llama.cpp columns
 read "not measured". It builds from source (10-40 minutes on 2 cores); on CPUs that report AMX, build it
@@ -248,7 +250,10 @@ def bench_cpu1(args) -> dict:
         result["load_before"] = f.read().split()[0]
     if args.memory:
         result["rss_mib"] = rss_after_load(gguf, args.threads)
-    llm = LLM(gguf, device="cpu", dtype="float32", num_threads=args.threads, quantization=mode)
+    compiled = None if mode != "none" and not getattr(args, "eager", False) else False
+    llm = LLM(gguf, device="cpu", dtype="float32", num_threads=args.threads, quantization=mode,
+              cpu_compile=compiled)  # fmt: skip
+    result["cpu_compile"] = llm.core.runner.cpu_step is not None
     folder = llm.config.model  # the file's converted HF folder, which transformers loads
     prompts, outs = c1_workload()
     cpp = None
@@ -290,6 +295,11 @@ def bench_cpu1(args) -> dict:
                 + (" (target >= 3x)" if name == "hf" else "")
             )
     result["c1_tok_s"] = c1
+    step = llm.core.runner.cpu_step
+    if step is not None:
+        result["compile_s"] = round(step.compile_seconds, 1)
+        print(f"compiled decode step: {step.compile_seconds:.1f} s of compiling in the first steps (counted "
+              "in the warm-ups, not in the rates)")  # fmt: skip
     if mode != "none" and not args.skip_quality:
         result["quality"] = quality(gguf, mode, args.threads, llm)
     with open("/proc/loadavg") as f:

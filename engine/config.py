@@ -55,6 +55,10 @@ class EngineConfig:
     # CPU: the projections' and lm_head's weights quantized at load ("int8" per row, "int4" per group
     # of 32), products on torch's packed kernels (kernels.quant_linear); "none": float, exact
     quantization: str = "none"
+    # CPU: a quantized model's decode-only steps run as one torch.compile'd program (engine.cpu_step; the
+    # first decode step of each shape class compiles); None: on where it applies (CPU, int8 or int4),
+    # False: eager
+    cpu_compile: bool | None = None
     # speculative decoding (engine.speculative): off | ngram (prompt lookup) | draft (draft_model: a
     # smaller checkpoint, same tokenizer); on, async scheduling is off (proposals read host tokens)
     speculative_method: str = "off"
@@ -94,6 +98,8 @@ class EngineConfig:
             )
         if self.dtype not in _DTYPES:
             raise ValueError(f"EngineConfig.dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.cpu_compile not in (None, True, False):
+            raise ValueError(f"EngineConfig.cpu_compile must be True, False or None: {self.cpu_compile!r}")
         if self.quantization not in _QUANTIZATIONS:
             raise ValueError(
                 f"EngineConfig.quantization must be one of {_QUANTIZATIONS}, got {self.quantization!r}"

@@ -41,6 +41,7 @@ class ModelRunner:
     _staging: Staging | None = None
     graphs = None  # cuda_graphs.DecodeGraphs on CUDA unless eager
     batch_graphs = None  # batch_graphs.BatchGraphs: steps with prefill chunks
+    cpu_step = None  # cpu_step.CpuDecodeStep: compiled CPU decode steps (EngineConfig.cpu_compile)
 
     def __init__(self, model, config: EngineConfig, device: torch.device, dtype: torch.dtype) -> None:
         self.model = model
@@ -92,12 +93,28 @@ class ModelRunner:
                     device,
                     dtype,
                 )
+        self.cpu_step = self._cpu_step(model) if self.device.type == "cpu" else None
         log.info(
             "KV cache: %d blocks x %d tokens (%.1f MiB)",
             self.num_blocks,
             self.block_size,
             self.num_blocks * self.block_bytes / 2**20,
         )
+
+    def _cpu_step(self, model):
+        """engine.cpu_step.CpuDecodeStep where EngineConfig.cpu_compile asks for it and the model fits."""
+        if self.config.cpu_compile is False or (
+            self.config.cpu_compile is None and self.config.quantization == "none"
+        ):
+            return None
+        from engine.cpu_step import CpuDecodeStep
+
+        why = CpuDecodeStep.supports(model)
+        if why is not None:
+            if self.config.cpu_compile:
+                log.warning("cpu_compile: decode steps stay eager (%s)", why)
+            return None
+        return CpuDecodeStep(model, self.kv_caches)
 
     @property
     def block_bytes(self) -> int:
@@ -386,7 +403,10 @@ class ModelRunner:
                 meta.prefill_seq_lens,
             )
             return (logits, step.sampling) if step.sampling else (None, [])
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        if self.cpu_step is not None and self.cpu_step.takes(meta):
+            hidden = self.cpu_step(input_ids, positions, meta)
+        else:
+            hidden = self.model(input_ids, positions, self.kv_caches, meta)
         if not step.sampling and not step.spec_rows:
             return None, []
         return self.model.compute_logits(hidden.index_select(0, step.rows)), step.sampling
