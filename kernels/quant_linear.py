@@ -20,7 +20,9 @@ is split into a bfloat16 hi part and the bfloat16 of its remainder (lo), two sca
 packed q (W_hi + W_lo), and x likewise into hi and lo rows. `product` then sums x_hi W_hi + x_lo W_hi
 (one call, 2M rows) and x_hi W_lo (a second call) in float32; what is left is the kernel's bfloat16
 rounding of each output (2^-8 relative), which these kernels cannot hand back in float32. SPLIT_ENV
-picks a cheaper variant for measurement (bench.cpu1).
+picks a cheaper variant for measurement (bench.cpu1). From WIDE_M rows (prefill chunks) the packed kernel
+costs more than dequantizing: the weight is rebuilt in float32 from q kept two to a byte (N x K / 2 bytes
+more) and multiplied by x in float32, x unrounded (the float32 path's exactness, not the kernel's).
 
 The quantized form hangs on the Parameter itself (attribute QUANT) and its float storage is released
 (the parameter keeps its shape as a zero-stride view, so shape checks and the module tree are
@@ -49,6 +51,10 @@ Q80_ENV = "CHATLOOM_Q80_ROWS"
 # int4 on a Q4_1 grid: "both" (x and the scales split into bfloat16 hi + lo), "scales", "x", or "none"
 SPLIT_ENV = "CHATLOOM_INT4_SPLIT"
 SPLITS = ("both", "scales", "x", "none")
+# int4 products of this many rows and more (prefill chunks, wide batches) dequantize the weight to float32
+# and run one float32 GEMM: the packed kernel's cost grows with the rows (three times the rows where x and
+# the scales are split), a GEMM's per row is a small fraction of a weight's dequantization
+WIDE_M = 64
 
 
 @dataclass
@@ -62,6 +68,7 @@ class QuantWeight:
     lo_scales: torch.Tensor | None = None  # int4 on a Q4_1 grid: (K / GROUP, N, 2) bf16 remainders (W_lo)
     split_x: bool = False  # int4 on a Q4_1 grid: x goes in as bfloat16 hi and lo rows
     rows: tuple[torch.Tensor, torch.Tensor] | None = None  # Q8_0 grid: q (N, K) int8, d (N, K / 32) fp16
+    nibbles: torch.Tensor | None = None  # int4: (N, K / 2) uint8, q two to a byte, for wide products
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -184,13 +191,17 @@ def quantize(w: torch.Tensor, mode: str, split: str | None = None) -> QuantWeigh
         if split in ("both", "scales"):
             lo_sz = torch.stack([s_lo.t(), z_lo.t()], dim=-1).contiguous()
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-    nbytes = packed.numel() + sz.numel() * 2 * (1 if lo_sz is None else 2)
+    nibbles = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)  # (N, K / 2)
+    nbytes = packed.numel() + nibbles.numel() + sz.numel() * 2 * (1 if lo_sz is None else 2)
     split_x = grid is not None and split in ("both", "x")
-    return QuantWeight("int4", (n, k), packed, sz, nbytes, lo_scales=lo_sz, split_x=split_x)
+    return QuantWeight("int4", (n, k), packed, sz, nbytes, lo_scales=lo_sz, split_x=split_x, nibbles=nibbles)
 
 
 def product(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, K) @ dequantize(qw)^T + bias, on torch's packed kernel, in x's dtype."""
+    if qw.mode == "int4" and qw.nibbles is not None and x.shape[0] >= WIDE_M:
+        y = torch.nn.functional.linear(x.float(), _dense_int4(qw)).to(x.dtype)
+        return y if bias is None else y.add_(bias)
     xb = x.to(torch.bfloat16)
     if qw.mode == "int8":
         y = torch.ops.aten._weight_int8pack_mm(xb, qw.data, qw.scales).to(x.dtype)
@@ -207,6 +218,14 @@ def product(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None) 
         rows = _block_rows(q[top], scale[top]).to(x.dtype)  # (M, refine, K)
         y.scatter_(1, top, torch.einsum("mk,mrk->mr", x, rows))
     return y if bias is None else y.add_(bias)
+
+
+def _dense_int4(qw: QuantWeight) -> torch.Tensor:
+    """dequantize(qw) from the kept nibbles: (N, K) float32, W_hi + W_lo where the scales are split."""
+    n, k = qw.shape
+    q = torch.stack([qw.nibbles & 15, qw.nibbles >> 4], dim=-1).reshape(n, k)
+    w = _int4_weight(q, qw.scales)
+    return w if qw.lo_scales is None else w.add_(_int4_weight(q, qw.lo_scales))
 
 
 def _int4_split(x: torch.Tensor, xb: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
