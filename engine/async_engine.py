@@ -12,13 +12,16 @@ import itertools
 import logging
 import queue
 import threading
+import weakref
 from collections.abc import AsyncIterator
+from concurrent.futures import Future
 
 from engine import heap
 from engine.config import EngineConfig
 from engine.engine_core import EngineCore
 from engine.outputs import StepOutput
 from engine.sampling_params import SamplingParams
+from engine.step_thread import StepThread
 
 log = logging.getLogger("chatloom.engine")
 
@@ -43,14 +46,17 @@ class AsyncEngine:
         self.config = config or EngineConfig(**kwargs)
         if self.config.resolve_device() == "cpu":
             heap.limit_arenas()  # before the model loads and the server's threads start allocating
-        self.core = EngineCore(self.config)
+        # built on the thread that will step it (engine.step_thread says why)
+        self._worker = StepThread("chatloom-engine")
+        weakref.finalize(self, self._worker.stop)
+        self.core: EngineCore = self._worker.call(EngineCore, self.config)
         self.tokenizer = self.core.tokenizer
         self.max_model_len = self.core.max_model_len
         self.model_config = self.core.hf_config
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._wakeup = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop_done: Future | None = None  # the step loop, running on self._worker
         self._stopping = False
         self._stats: dict = self.core.stats()
         self._ids = itertools.count()
@@ -60,20 +66,20 @@ class AsyncEngine:
 
     # ---- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="chatloom-engine", daemon=True)
-            self._thread.start()
+        if self._loop_done is None:
+            self._loop_done = self._worker.submit(self._loop)
 
     async def shutdown(self) -> None:
         self._stopping = True
         self._wakeup.set()
-        if self._thread is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
-            self._thread = None
+        if self._loop_done is not None:
+            await asyncio.wrap_future(self._loop_done)
+            self._loop_done = None
+        self._worker.stop()
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._loop_done is not None and not self._loop_done.done()
 
     # ---- requests ---------------------------------------------------------------------------
     async def generate(

@@ -209,9 +209,7 @@ class CpuDecodeStep:
     def takes(self, meta) -> bool:
         """Whether a step with this metadata runs here: decode only, no padding slot."""
         return (
-            meta.prefill_block_tables is None
-            and meta.num_decodes > 0
-            and int(meta.slot_mapping.min()) >= 0
+            meta.prefill_block_tables is None and meta.num_decodes > 0 and int(meta.slot_mapping.min()) >= 0
         )
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> torch.Tensor:

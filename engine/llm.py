@@ -3,24 +3,24 @@
 from __future__ import annotations
 
 import itertools
-from concurrent.futures import ThreadPoolExecutor
+import weakref
 
 from engine.config import EngineConfig
 from engine.engine_core import EngineCore
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.step_thread import StepThread
 
 
 class LLM:
     def __init__(self, model: str, **kwargs) -> None:
         self.config = EngineConfig(model=str(model), **kwargs)
-        self.core = EngineCore(self.config)
+        # loaded and stepped on one thread of its own, as AsyncEngine is (engine.step_thread says why)
+        self._stepper = StepThread("chatloom-llm")
+        weakref.finalize(self, self._stepper.stop)
+        self.core: EngineCore = self._stepper.call(EngineCore, self.config)
         self.tokenizer = self.core.tokenizer
         self._ids = itertools.count()
-        # the steps run on one worker thread, as AsyncEngine's do: torch's OpenMP parallel regions
-        # started from the main thread measured several times slower on a shared 2-core CPU (the same
-        # steps: docs/performance.md, issue 45)
-        self._stepper = ThreadPoolExecutor(1, thread_name_prefix="chatloom-llm")
 
     def generate(
         self,
@@ -57,7 +57,7 @@ class LLM:
                     done = now
 
         try:
-            self._stepper.submit(run).result()
+            self._stepper.call(run)
         except BaseException:
             for rid in order:  # a failed step (e.g. a raising logits processor) must not wedge the engine
                 self.core.abort(rid)
