@@ -37,7 +37,15 @@ CALL_MARKUP = {
 }
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+# the two 128k+ vocabularies (llama3, tekken: ~35 s each) run in `make test-all`; CI keeps qwen, smollm2
+# and mistral_v3, which cover the three call markups
+_HEAVY_FAMILIES = ("llama3", "mistral_tekken")
+
+
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param(f, marks=pytest.mark.heavy) if f in _HEAVY_FAMILIES else f for f in FAMILIES],
+)
 def family_server(request, family_checkpoint, tmp_path_factory):
     family = request.param
     folder = family_checkpoint(family)

@@ -26,6 +26,7 @@ def test_tiny_cpu_run(capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny CPU run is for machines without CUDA")
 @pytest.mark.slow
+@pytest.mark.heavy  # a bench smoke (~12 s): `make test-all`
 def test_tiny_cpu_sweep_covers_the_fused_decode_launch(capsys):
     assert bench.main(["--tiny", "--sweep", "--reps", "1"]) == 0
     out = capsys.readouterr().out

@@ -65,6 +65,7 @@ def test_json_schema_through_the_engine(llm):
         jsonschema.validate(json.loads(out.outputs[0].text), schema)
 
 
+@pytest.mark.heavy  # a bench smoke (~17 s): `make test-all`
 def test_g1_bench_smoke(llm):
     lines: list[str] = []
     r = run_g1(llm, n_requests=4, prompt_len=16, max_tokens=128, repeats=2, out=lines.append)

@@ -42,6 +42,8 @@ def _plan(rng: random.Random, tools: list[dict]) -> list[tuple]:
     return plan
 
 
+# 80 s on the 2-core CI machine: `make test-all` (tests/app/test_families_tools.py sends 200 in CI)
+@pytest.mark.heavy
 @pytest.mark.timeout(600)
 def test_thousand_requests_all_valid(tok, vocab):
     rng = random.Random(1234)
