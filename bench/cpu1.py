@@ -18,7 +18,8 @@ llama-cpp-python is an optional bench dependency, never a runtime one: without i
 read "not measured". It builds from source (10-40 minutes on 2 cores); on CPUs that report AMX, build it
 without AMX (its native build died with SIGILL on prompts here): CMAKE_ARGS="-DGGML_NATIVE=OFF
 -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF"
-pip install llama-cpp-python. It runs in a child process (bench/llamacpp_peer.py)."""
+pip install llama-cpp-python. It runs in a child process (bench/llamacpp_peer.py), and so does HF:
+a second thread running OpenMP regions in chatloom's process slows the engine's steps (engine.step_thread)."""
 
 from __future__ import annotations
 
@@ -72,6 +73,23 @@ def chatloom_single(llm, prompt: list[int], repeats: int) -> dict:
         r = _rate(run(1), run(NEW_TOKENS), NEW_TOKENS)
         best = r if best is None or r["decode_tok_s"] > best["decode_tok_s"] else best
     return best
+
+
+def _child_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def in_child(threads: int, fn, *args):
+    """fn(*args) in a fresh process with `threads` torch threads: a peer's OpenMP team in this process
+    would leave two teams on the CPUs and slow chatloom's steps (engine.step_thread)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=ctx, initializer=_child_threads, initargs=(threads,)) as pool:
+        return pool.submit(fn, *args).result()
 
 
 def hf_single(folder: str, prompt: list[int], repeats: int) -> dict:
@@ -266,7 +284,7 @@ def bench_cpu1(args) -> dict:
     )
     single = {"chatloom": chatloom_single(llm, prompt, args.repeats)}
     if "hf" in peers:
-        single["hf"] = hf_single(folder, prompt, args.repeats)
+        single["hf"] = in_child(args.threads, hf_single, folder, prompt, args.repeats)
     if "llamacpp" in peers:
         single["llamacpp"] = cpp["single"] if cpp is not None else None
     for name, r in single.items():
@@ -283,7 +301,7 @@ def bench_cpu1(args) -> dict:
     dt, produced = _time_engine(llm, prompts, outs, 0.0, f"chatloom C1 ({mode})")
     c1 = {"chatloom": produced / dt}
     if "hf" in peers:
-        c1["hf"] = _hf_peer(folder, prompts, outs, "cpu", torch.float32, sum(outs))
+        c1["hf"] = in_child(args.threads, _hf_peer, folder, prompts, outs, "cpu", torch.float32, sum(outs))
     if "llamacpp" in peers:
         c1["llamacpp"] = cpp["c1_tok_s"] if cpp is not None else None
         if cpp is not None:
