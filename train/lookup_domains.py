@@ -1,6 +1,8 @@
 """The lookup tools' table (train/lookup_tools.py builds them): domains, the shapes of the values a
 request states, and per domain its subject, qualifiers and operations with their result fields.
-None of heldout.py's domains occurs here; tests/train checks it."""
+None of heldout.py's domains occurs here; tests/train checks it.
+
+Over 400 lines on purpose: it is a table (the domains, their value shapes and fields), read as one."""
 
 from __future__ import annotations
 
