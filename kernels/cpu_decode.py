@@ -89,8 +89,9 @@ def rope_store_decode_attention(
     nb, bs, hk, d = k_cache.shape
     b, h = q.shape[0], q.shape[1]
     t = step_tables(positions, cos_sin, slot_mapping, block_tables, seq_lens, bs, sliding_window)
-    qk = torch.cat((q, k), dim=1)  # (batch, num_heads + num_kv_heads, head_dim)
-    qk = qk * t.cos + qk.roll(d // 2, dims=-1) * t.sin
+    # (batch, num_heads + num_kv_heads, head_dim), rotated in float32 and rounded back, as the reference
+    qk = torch.cat((q, k), dim=1).float()
+    qk = (qk * t.cos + qk.roll(d // 2, dims=-1) * t.sin).to(q.dtype)
     q, k = qk[:, :h], qk[:, h:]
     if t.slots_valid:
         k_cache.view(nb * bs, hk, d).index_copy_(0, slot_mapping, k.to(k_cache.dtype))

@@ -90,3 +90,16 @@ def test_engine_tokens_equal_the_reference_path(tmp_path, monkeypatch, arch):
     monkeypatch.setattr(dispatch_pointwise, "_cpu_float32", lambda x, w: False)
     want = LLM(str(path), device="cpu", dtype="float32", num_kv_blocks=64).generate(prompts, params)
     assert [o.outputs[0].token_ids for o in lean] == [o.outputs[0].token_ids for o in want]
+
+
+def test_bfloat16_keeps_its_dtype_and_matches_reference():
+    # the float32 RoPE tables must not promote a bf16 step (o_proj then refused the float32 rows)
+    q, k, v, pos, cs, kc, vc, slots, tables, seq = _case([13, 5])
+    q, k, v, kc, vc = (t.to(torch.bfloat16) for t in (q, k, v, kc, vc))
+    kc2, vc2 = kc.clone(), vc.clone()
+    got = cpu_decode.rope_store_decode_attention(q, k, v, pos, cs, kc, vc, slots, tables, seq, 0.25)
+    qr, _ = ref.qk_norm_rope_store_kv(q, k, v, None, None, 0.0, pos, cs, kc2, vc2, slots)
+    want = ref.decode_attention(qr, kc2, vc2, tables, seq, 0.25)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
