@@ -55,6 +55,10 @@ SPLITS = ("both", "scales", "x", "none")
 # and run one float32 GEMM: the packed kernel's cost grows with the rows (three times the rows where x and
 # the scales are split), a GEMM's per row is a small fraction of a weight's dequantization
 WIDE_M = 64
+# int8 products of this many rows and more (C1's decode batches, prefill chunks) quantize x per row to int8
+# and run torch's int8 x int8 GEMM (`torch._int_mm`, int32 sums): the weight-only packed kernel costs
+# about the same per row as for one row, the int8 GEMM a fraction of it from 8 rows (docs/performance.md)
+DYNAMIC_M = 8
 
 
 @dataclass
@@ -203,7 +207,9 @@ def product(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None) 
         y = torch.nn.functional.linear(x.float(), _dense_int4(qw)).to(x.dtype)
         return y if bias is None else y.add_(bias)
     xb = x.to(torch.bfloat16)
-    if qw.mode == "int8":
+    if qw.mode == "int8" and x.shape[0] >= DYNAMIC_M and x.shape[1] % 8 == 0:
+        y = _int8_dynamic(x, qw).to(x.dtype)
+    elif qw.mode == "int8":
         y = torch.ops.aten._weight_int8pack_mm(xb, qw.data, qw.scales).to(x.dtype)
     elif qw.split_x or qw.lo_scales is not None:
         y = _int4_split(x, xb, qw)
@@ -218,6 +224,15 @@ def product(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None) 
         rows = _block_rows(q[top], scale[top]).to(x.dtype)  # (M, refine, K)
         y.scatter_(1, top, torch.einsum("mk,mrk->mr", x, rows))
     return y if bias is None else y.add_(bias)
+
+
+def _int8_dynamic(x: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
+    """x (M, K) @ (q * scale)^T with x rounded to int8 per row (symmetric, its own scale): (M, N) float32."""
+    xf = x.float()
+    sx = xf.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127.0  # (M, 1)
+    xq = torch.round(xf / sx).to(torch.int8)
+    acc = torch._int_mm(xq, qw.data.t())  # (M, N) int32
+    return acc.float() * sx * qw.scales.float()
 
 
 def _dense_int4(qw: QuantWeight) -> torch.Tensor:
