@@ -12,7 +12,6 @@ import itertools
 import logging
 import queue
 import threading
-import weakref
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 
@@ -47,8 +46,7 @@ class AsyncEngine:
         if self.config.resolve_device() == "cpu":
             heap.limit_arenas()  # before the model loads and the server's threads start allocating
         # built on the thread that will step it (engine.step_thread says why)
-        self._worker = StepThread("chatloom-engine")
-        weakref.finalize(self, self._worker.stop)
+        self._worker = StepThread("chatloom-engine", owner=self)
         self.core: EngineCore = self._worker.call(EngineCore, self.config)
         self.tokenizer = self.core.tokenizer
         self.max_model_len = self.core.max_model_len

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import weakref
 
 from engine.config import EngineConfig
 from engine.engine_core import EngineCore
@@ -16,8 +15,7 @@ class LLM:
     def __init__(self, model: str, **kwargs) -> None:
         self.config = EngineConfig(model=str(model), **kwargs)
         # loaded and stepped on one thread of its own, as AsyncEngine is (engine.step_thread says why)
-        self._stepper = StepThread("chatloom-llm")
-        weakref.finalize(self, self._stepper.stop)
+        self._stepper = StepThread("chatloom-llm", owner=self)
         self.core: EngineCore = self._stepper.call(EngineCore, self.config)
         self.tokenizer = self.core.tokenizer
         self._ids = itertools.count()

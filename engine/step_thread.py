@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -17,14 +18,19 @@ from typing import Any
 
 class StepThread:
     """A daemon thread running submitted calls in order (a daemon: an engine never started or
-    never shut down must not keep the interpreter from exiting)."""
+    never shut down must not keep the interpreter from exiting). It also stops when `owner` (the
+    engine) is collected."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, owner: object) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._stopped = False
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
+        weakref.finalize(owner, self.stop)
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        if self._stopped:  # a call queued behind the stop would never run, and its waiter never wake
+            raise RuntimeError(f"{self._thread.name} is stopped")
         fut: Future = Future()
         self._jobs.put((fn, args, fut))
         return fut
@@ -35,7 +41,9 @@ class StepThread:
 
     def stop(self) -> None:
         """Ends the thread once the calls already submitted are done."""
-        self._jobs.put(None)
+        if not self._stopped:
+            self._stopped = True
+            self._jobs.put(None)
 
     def _serve(self) -> None:
         while True:

@@ -75,10 +75,13 @@ class QuantWeight:
     nibbles: torch.Tensor | None = None  # int4: (N, K / 2) uint8, q two to a byte, for wide products
 
 
-def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w (N, K) float -> (q (N, K) int8, scale (N,) bf16); w ~ q * scale, |q| <= 127."""
+def quantize_int8(
+    w: torch.Tensor, scale_dtype: torch.dtype = torch.bfloat16
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """w (N, K) float -> (q (N, K) int8, scale (N,) scale_dtype); w ~ q * scale, |q| <= 127, per row.
+    Weights keep bf16 scales (the packed kernel's); a product's x rows keep float32 ones (_int8_dynamic)."""
     w = w.detach().float()
-    scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12).to(torch.bfloat16)
+    scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12).to(scale_dtype)
     q = torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
     return q, scale
 
@@ -202,19 +205,21 @@ def quantize(w: torch.Tensor, mode: str, split: str | None = None) -> QuantWeigh
 
 
 def product(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (M, K) @ dequantize(qw)^T + bias, on torch's packed kernel, in x's dtype."""
+    """x (M, K) @ dequantize(qw)^T + bias, on torch's packed kernels (int8 from DYNAMIC_M rows: its int8
+    GEMM), in x's dtype."""
     if qw.mode == "int4" and qw.nibbles is not None and x.shape[0] >= WIDE_M:
         y = torch.nn.functional.linear(x.float(), _dense_int4(qw)).to(x.dtype)
         return y if bias is None else y.add_(bias)
-    xb = x.to(torch.bfloat16)
-    if qw.mode == "int8" and x.shape[0] >= DYNAMIC_M and x.shape[1] % 8 == 0:
+    if _dynamic(x, qw):
         y = _int8_dynamic(x, qw).to(x.dtype)
-    elif qw.mode == "int8":
-        y = torch.ops.aten._weight_int8pack_mm(xb, qw.data, qw.scales).to(x.dtype)
-    elif qw.split_x or qw.lo_scales is not None:
-        y = _int4_split(x, xb, qw)
     else:
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, qw.data, GROUP, qw.scales).to(x.dtype)
+        xb = x.to(torch.bfloat16)  # both packed kernels' only fast input
+        if qw.mode == "int8":
+            y = torch.ops.aten._weight_int8pack_mm(xb, qw.data, qw.scales).to(x.dtype)
+        elif qw.split_x or qw.lo_scales is not None:
+            y = _int4_split(x, xb, qw)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, qw.data, GROUP, qw.scales).to(x.dtype)
     if qw.refine and qw.mode == "int8" and bias is None:
         # logits: the kernel's bfloat16 output steps by 1/8 at 16-32, which ties and swaps the leading
         # tokens; their values again in float32 from x and the dequantized rows
@@ -226,13 +231,17 @@ def product(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None) 
     return y if bias is None else y.add_(bias)
 
 
+def _dynamic(x: torch.Tensor, qw: QuantWeight) -> bool:
+    """Whether the int8 product of x runs on the int8 GEMM (x rounded to int8 per row)."""
+    return qw.mode == "int8" and x.shape[0] >= DYNAMIC_M and x.shape[1] % 8 == 0
+
+
 def _int8_dynamic(x: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
-    """x (M, K) @ (q * scale)^T with x rounded to int8 per row (symmetric, its own scale): (M, N) float32."""
-    xf = x.float()
-    sx = xf.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127.0  # (M, 1)
-    xq = torch.round(xf / sx).to(torch.int8)
+    """x (M, K) @ (q * scale)^T with x rounded to int8 per row (quantize_int8, float32 scales): (M, N)
+    float32."""
+    xq, sx = quantize_int8(x, torch.float32)  # (M, K) int8, (M,)
     acc = torch._int_mm(xq, qw.data.t())  # (M, N) int32
-    return acc.float() * sx * qw.scales.float()
+    return acc.float() * sx[:, None] * qw.scales.float()
 
 
 def _dense_int4(qw: QuantWeight) -> torch.Tensor:
@@ -260,8 +269,12 @@ def _int4_split(x: torch.Tensor, xb: torch.Tensor, qw: QuantWeight) -> torch.Ten
 
 def reference_product(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """product's value in float32 from the dequantized weight (what the tests compare against); x as
-    the kernel gets it (rounded to bfloat16 unless it is split)."""
-    xr = x.float() if qw.split_x else x.to(torch.bfloat16).float()
+    the kernel gets it (rounded to int8 per row on the int8 GEMM, else to bfloat16 unless it is split)."""
+    if _dynamic(x, qw):
+        xq, sx = quantize_int8(x, torch.float32)
+        xr = xq.float() * sx[:, None]
+    else:
+        xr = x.float() if qw.split_x else x.to(torch.bfloat16).float()
     y = xr @ dequantize(qw).t()
     return (y if bias is None else y + bias.float()).to(x.dtype)
 

@@ -59,7 +59,11 @@ def test_async_engine_builds_and_steps_on_one_thread(monkeypatch, tiny_qwen3):
 
 
 def test_step_thread_runs_in_order_and_raises_to_the_caller():
-    worker = StepThread("t")
+    class Owner:
+        pass
+
+    owner = Owner()
+    worker = StepThread("t", owner=owner)
     order: list[int] = []
     for i in range(5):
         worker.submit(order.append, i)
@@ -68,5 +72,18 @@ def test_step_thread_runs_in_order_and_raises_to_the_caller():
     with pytest.raises(ZeroDivisionError):
         worker.call(lambda: 1 / 0)
     worker.stop()
+    worker._thread.join(timeout=5)
+    assert not worker._thread.is_alive()
+    with pytest.raises(RuntimeError, match="stopped"):  # not a call that would wait for ever
+        worker.submit(order.append, 5)
+
+
+def test_step_thread_stops_when_its_owner_is_collected():
+    class Owner:
+        pass
+
+    owner = Owner()
+    worker = StepThread("t", owner=owner)
+    del owner
     worker._thread.join(timeout=5)
     assert not worker._thread.is_alive()
