@@ -5,7 +5,7 @@ A diagnostic for the GPU-only failure of docs/performance.md (session 5, issue 5
 tuned model wrote no calls with the grammar on. Here the sampler's CUDA path meets the real model and
 grammar without a GPU (the forward stays on the CPU's kernels); slow: ~10 minutes for 4 cases.
 
-    TRITON_INTERPRET=1 python -m bench.cuda_sampler_on_cpu --calls 4
+    python -m bench.cuda_sampler_on_cpu --calls 4   # CPU tensors run Triton through its interpreter
 """
 
 from __future__ import annotations
