@@ -74,6 +74,9 @@ class AsyncEngine:
             await asyncio.wrap_future(self._loop_done)
             self._loop_done = None
         self._worker.stop()
+        # ended before shutdown returns, as the loop's thread was joined before: a thread still tearing
+        # down its torch state while the interpreter exits aborted the process (`chatloom chat`)
+        await asyncio.to_thread(self._worker.join)
 
     @property
     def running(self) -> bool:

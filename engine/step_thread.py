@@ -45,6 +45,10 @@ class StepThread:
             self._stopped = True
             self._jobs.put(None)
 
+    def join(self, timeout: float | None = None) -> None:
+        """Waits for the thread to end (after stop)."""
+        self._thread.join(timeout)
+
     def _serve(self) -> None:
         while True:
             job = self._jobs.get()
