@@ -12,6 +12,12 @@ Tools: hand-written (tool_bank.py), record actions (procedural.py) and lookups o
 a prompt carry compact or spaced JSON arguments (clients send either back); a lone result value is
 sometimes plain text, as n8n's Calculator returns it. Targets are always the grammar's compact JSON.
 
+Round 4 adds the pattern tools (pattern_tools.py): request shapes the round-3 adapter got wrong on
+held-out tools, on other domains: two values of one pool whose roles the words give in either order
+of mention, a title followed by "in <city>" with the city its own parameter, names spoken with "the"
+passed without it, carrier-like ids on other records (offered among tools of the same kin, so the
+words pick the tool), and "say X in Morse code"-like requests that call the tool.
+
     python -m train.generate --n 3000 --seed 0 --out train/out/data.jsonl
 """
 
@@ -29,6 +35,7 @@ from grammar.dialects import GENERIC
 from train.distill import load as distilled_answers
 from train.heldout import heldout_tools
 from train.lookup_tools import lookup_tools
+from train.pattern_tools import pattern_tools
 from train.procedural import record_tools
 from train.tool_bank import hand_tools
 from train.toolspec import Tool
@@ -48,8 +55,12 @@ KIND_WEIGHTS = {
     "call": 32, "answer": 28, "parallel": 7, "followup": 8, "abstain": 11, "nocall": 0, "chat": 20,
 }  # fmt: skip
 # which family a drawn tool comes from: lookups (many domains, values of many shapes) are most like
-# what agents call; the record actions and the hand-written tools keep their shapes in the mix
-FAMILY_WEIGHTS = {"lookup": 45, "record": 35, "hand": 20}
+# what agents call; the record actions and the hand-written tools keep their shapes in the mix (round 3
+# had 45/35/20); the round-4 pattern tools are about a fifth of the calls, with the conversations'
+# uniform draw over all tools
+FAMILY_WEIGHTS = {"lookup": 36, "record": 28, "hand": 16, "pattern": 20}
+# a tool of a kin (look-alike ids, text to encode) is offered with others of its kin this often
+KIN_SHARE = 0.7
 # refusals taught that a missing tool means "I can't": the tuned model then refused held-out tools it
 # had never seen (adapter of 2026-12-06, 10 of 42 calls); plain answers teach "no call" without that
 REFUSE_SHARE = 0.0  # of the multi-turn episodes
@@ -62,6 +73,14 @@ NOCALL = [
 def compact(args: dict[str, Any]) -> str:
     """Arguments the way the grammar lays them out (llguidance's compact JSON)."""
     return json.dumps(args, ensure_ascii=False, separators=(",", ":"))
+
+
+def joined(first: str, joiner: str, second: str, args: dict[str, Any]) -> str:
+    """Two requests in one message, the second's first letter lowercased unless a value begins it
+    ("Also, what's..." but "Also, Saturday works better...": a value is copied as written)."""
+    if not any(isinstance(v, str) and v and second.startswith(v) for v in args.values()):
+        second = second[0].lower() + second[1:]
+    return first + joiner + second
 
 
 def check_disjoint(tools: list[Tool]) -> None:
@@ -81,6 +100,7 @@ class Generator:
                 "hand": hand_tools(),
                 "record": record_tools(random.Random(seed)),
                 "lookup": lookup_tools(random.Random(seed + 1)),
+                "pattern": pattern_tools(random.Random(seed + 2)),
             }
         else:
             families = {"hand": tools}
@@ -113,9 +133,14 @@ class Generator:
         return json.dumps(result, ensure_ascii=False)
 
     def _toolset(self, must: list[Tool], k: int | None = None) -> list[Tool]:
+        """The tools offered: `must` and others; with a tool of a kin, mostly others of its kin."""
         k = k or self.rng.choice([1, 2, 2, 3])
         names = {t.name for t in must}
         pool = [t for t in self.tools if t.name not in names]
+        kin = {t.kin for t in must if t.kin}
+        if kin and self.rng.random() < KIN_SHARE:
+            pool = [t for t in pool if t.kin in kin]
+            k = max(k, len(must) + 1)
         chosen = must + self.rng.sample(pool, max(0, k - len(must)))
         self.rng.shuffle(chosen)
         return chosen
@@ -145,7 +170,7 @@ class Generator:
             t1, a1 = tool.request(rng, optional_p=0.0)
             t2, a2 = other.request(rng, optional_p=0.0)
             joiner = rng.choice([" Also, ", " And ", " Then "])
-            msgs.append(ChatMessage("user", t1 + joiner + t2[0].lower() + t2[1:]))
+            msgs.append(ChatMessage("user", joined(t1, joiner, t2, a2)))
             tools = self._toolset(list({t.name: t for t in (tool, other)}.values()))
             return msgs, tools, _calls_text(GENERIC, [self._call(tool, a1), self._call(other, a2)])
         if kind == "followup":
@@ -197,7 +222,7 @@ class Generator:
             c1, c2 = self._call(t1, a1), self._call(t2, a2)
             r1, r2 = t1.result(a1, rng), t2.result(a2, rng)
             return [
-                ChatMessage("user", x1 + rng.choice([" Also, ", " And "]) + x2[0].lower() + x2[1:]),
+                ChatMessage("user", joined(x1, rng.choice([" Also, ", " And "]), x2, a2)),
                 ChatMessage("assistant", "", tool_calls=[c1, c2]),
                 ChatMessage("tool", json.dumps(r1, ensure_ascii=False), tool_call_id=c1["id"]),
                 ChatMessage("tool", json.dumps(r2, ensure_ascii=False), tool_call_id=c2["id"]),

@@ -39,6 +39,12 @@ class Tool:
     result: Callable[[dict[str, Any], random.Random], dict[str, Any]]
     answers: list[str]  # final answers over {**args, **result} (spelled), grounded in the result
     domain: str = ""
+    # required values drawn together (two different values of one pool, a number in its base); by
+    # default each parameter draws its own
+    draw: Callable[[random.Random], dict[str, Any]] | None = None
+    # tools of one kin take look-alike values (ids of one shape, text to encode): offered together,
+    # so that the request's words pick the tool, not the value's shape
+    kin: str = ""
 
     def openai(self, rng: random.Random) -> dict[str, Any]:
         """The OpenAI tool definition; some in n8n's shape ($schema, additionalProperties false)."""
@@ -59,7 +65,10 @@ class Tool:
 
     def request(self, rng: random.Random, optional_p: float = 0.35) -> tuple[str, dict[str, Any]]:
         """(user text, the exact arguments it asks for), arguments in schema order."""
-        values = {p.name: p.gen(rng) for p in self.params if p.required}
+        if self.draw is not None:
+            values = self.draw(rng)
+        else:
+            values = {p.name: p.gen(rng) for p in self.params if p.required}
         extra = [p for p in self.params if not p.required and p.say and rng.random() < optional_p]
         for p in extra:
             values[p.name] = p.gen(rng)

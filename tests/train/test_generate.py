@@ -14,6 +14,7 @@ from grammar.dialects import GENERIC
 from train.generate import END, Generator, check_disjoint
 from train.heldout import ABSTAIN, PLAIN, heldout_tools
 from train.lookup_tools import lookup_tools
+from train.pattern_tools import pattern_tools
 from train.procedural import record_tools
 from train.tool_bank import hand_tools
 from train.values import PLAIN_QA
@@ -26,7 +27,12 @@ def _renderer(folder):
 
 
 def test_heldout_names_and_domains_never_occur_in_training(smollm2_dir):
-    training = hand_tools() + record_tools(random.Random(0)) + lookup_tools(random.Random(1))
+    training = (
+        hand_tools()
+        + record_tools(random.Random(0))
+        + lookup_tools(random.Random(1))
+        + pattern_tools(random.Random(2))
+    )
     assert {t.name for t in Generator(0).tools} == {t.name for t in training}
     held = heldout_tools()
     assert {t.name for t in held}.isdisjoint({t.name for t in training})
