@@ -11,10 +11,18 @@ made distinguishable from text:
 - every other special token, and any ordinary token containing a reserved control byte: FORBIDDEN, a
   byte no grammar ever allows;
 - ids past the tokenizer (padded embedding rows): never allowed.
+
+llguidance infers how tokens map to bytes from tokenizer.json's decoder. A byte-level vocabulary
+whose decoder is a chain ending in ByteLevel (what transformers 5.17 writes when it converts a GGUF
+with a `gpt2` vocabulary: ByteFallback, Fuse, Replace, ByteLevel) would be read as literal text
+("Ċ" instead of a newline), so llguidance gets the ByteLevel decoder alone; a probe of common texts
+then checks that llguidance spells them as the tokenizer does, and a vocabulary it still misreads
+is refused with a clear error instead of masks that allow the wrong tokens.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -35,6 +43,8 @@ RESERVED = set(range(6))  # control bytes free text and JSON strings never carry
 TEXT_CHAR = r"[^\x00-\x05]"  # a character of free text: anything but the RESERVED bytes
 # end-of-turn tokens of chat templates, most specific first; else the tokenizer's eos_token
 _TURN_ENDS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
+# texts every vocabulary spells; llguidance must give back their bytes from the tokenizer's ids
+_PROBES = ("\n", " the", '{"name": "x"}', "\n\n  ok", "caf\u00e9 \u2014 \u4e2d")
 
 
 def byte_decoder() -> dict[str, int]:
@@ -110,6 +120,38 @@ def turn_end_id(tokenizer) -> int:
     raise ValueError("the tokenizer has no end-of-turn token (no eos_token_id and none of the known ones)")
 
 
+def llguidance_json(raw) -> str:
+    """tokenizer.json as llguidance should read it: a byte-level vocabulary (ByteLevel pre-tokenizer)
+    whose decoder chain ends in ByteLevel gets that decoder alone (its other steps are no-ops on
+    such tokens, but they make llguidance take the tokens for literal text)."""
+    text = raw.to_str()
+    spec = json.loads(text)
+    dec, pre = spec.get("decoder") or {}, spec.get("pre_tokenizer") or {}
+    chain = dec.get("decoders") or []
+    pres = pre.get("pretokenizers") or [pre]
+    byte_level_pre = any(p.get("type") == "ByteLevel" for p in pres if isinstance(p, dict))
+    if dec.get("type") == "Sequence" and chain and chain[-1].get("type") == "ByteLevel" and byte_level_pre:
+        spec["decoder"] = chain[-1]
+        if isinstance(spec.get("model"), dict):
+            spec["model"]["byte_fallback"] = False
+        return json.dumps(spec)
+    return text
+
+
+def _check_spelling(raw, ll) -> None:
+    """Refuse a vocabulary llguidance reads differently from the tokenizer (its masks would allow
+    tokens whose text is not what the grammar meant)."""
+    for text in _PROBES:
+        ids = raw.encode(text, add_special_tokens=False).ids
+        got = ll.decode_bytes(ids)
+        # SentencePiece vocabularies add a word-start space that the tokenizer's decode drops
+        if got not in (text.encode(), b" " + text.encode()) and raw.decode(ids) == text:
+            raise ValueError(
+                f"llguidance reads this tokenizer's vocabulary differently from the tokenizer "
+                f"({text!r} is spelled {got!r}); grammar-constrained output is not possible with it"
+            )
+
+
 def _build(tokenizer, vocab_size: int | None) -> TokenVocab:
     import llguidance
 
@@ -123,7 +165,8 @@ def _build(tokenizer, vocab_size: int | None) -> TokenVocab:
     # llguidance's own adapter reads tokenizer.json (normalizer, byte fallback, added tokens)
     from grammar.llguidance_backend import SLICES
 
-    ll = llguidance.LLTokenizer(raw.to_str(), n_vocab=vocab_size, eos_token=eos_id, slices=SLICES)
+    ll = llguidance.LLTokenizer(llguidance_json(raw), n_vocab=vocab_size, eos_token=eos_id, slices=SLICES)
+    _check_spelling(raw, ll)
     added = {tid: tok.content for tid, tok in raw.get_added_tokens_decoder().items()}
     token_bytes: list[bytes] = []
     special: set[int] = set()
