@@ -65,7 +65,8 @@ def trace(device: str, gguf: str | None, case: int, steps: int, model: str) -> l
                 top = torch.topk(row, 4)
                 events.append({"step": len(events), "top": top.indices.tolist(),
                                "top_logits": [round(v, 2) for v in top.values.tolist()],
-                               "finite": int(torch.isfinite(row).sum())})  # fmt: skip
+                               "finite": int(torch.isfinite(row).sum()), "last": int(seq.token_ids[-1]),
+                               "pos": seq.num_tokens, "dtype": str(logits.dtype)})  # fmt: skip
         return orig_process(self, logits, seqs)
 
     GrammarConstraint.fill_bitmask = fill_bitmask
@@ -95,8 +96,9 @@ def show(events: list[dict], tokenizer, device: str) -> None:
         tok = e.get("token")
         got = word(tok) if tok is not None else "?"
         bad = "" if e.get("accepted", True) else " REJECTED"
-        print(f"[{device}] {e['step']:3d} allowed={e.get('allowed', 'all'):>6} finite={e['finite']:>6} "
-              f"-> {got}{bad} | {tops}")  # fmt: skip
+        allowed = e.get("allowed", "all")
+        print(f"[{device}] {e['step']:3d} pos={e['pos']} after {word(e['last'])} allowed={allowed} "
+              f"finite={e['finite']} -> {got}{bad} | {tops}")  # fmt: skip
 
 
 def main() -> None:
