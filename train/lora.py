@@ -100,6 +100,19 @@ def load(model_dir: str, args, device: str):
     return get_peft_model(model, config)
 
 
+def init_from(model, adapter: Path) -> None:
+    """Load an exported adapter's weights into the fresh peft model (float16 -> the model's dtype)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(adapter / "adapter_model.safetensors"))
+    result = set_peft_model_state_dict(model, tensors)
+    missing = [k for k in result.missing_keys if "lora_" in k]
+    if missing or result.unexpected_keys:
+        raise SystemExit(f"{adapter} does not fit this model (rank or layers differ): {missing[:2]}")
+    print(f"started from {adapter} ({len(tensors)} tensors)")
+
+
 def plot(losses: list[float], path: Path) -> None:
     import matplotlib
 
@@ -176,6 +189,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--export", default=None, help="write the last checkpoint's fp16 adapter here and exit")
+    ap.add_argument(
+        "--init-adapter",
+        default=None,
+        help="start from this adapter's weights (a second pass; same --rank and --layers-from)",
+    )
     args = ap.parse_args(argv)
     out = Path(args.out)
     if args.export:
@@ -230,6 +248,8 @@ def main(argv: list[str] | None = None) -> dict:
         sched.load_state_dict(saved["sched"])
         state = json.loads((ckpt / "state.json").read_text())
         print(f"resumed from step {state['step']}")
+    elif args.init_adapter:
+        init_from(model, Path(args.init_adapter))
     out.mkdir(parents=True, exist_ok=True)
     model.train()
     started = time.monotonic()
