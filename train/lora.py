@@ -100,17 +100,16 @@ def load(model_dir: str, args, device: str):
     return get_peft_model(model, config)
 
 
-def init_from(model, adapter: Path) -> None:
-    """Load an exported adapter's weights into the fresh peft model (float16 -> the model's dtype)."""
+def load_adapter(model, folder: Path) -> None:
+    """Load an adapter's weights (a checkpoint's or an exported float16 one) into the fresh peft model;
+    one of another rank or layer range is refused."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    tensors = load_file(str(adapter / "adapter_model.safetensors"))
-    result = set_peft_model_state_dict(model, tensors)
+    result = set_peft_model_state_dict(model, load_file(str(folder / "adapter_model.safetensors")))
     missing = [k for k in result.missing_keys if "lora_" in k]
     if missing or result.unexpected_keys:
-        raise SystemExit(f"{adapter} does not fit this model (rank or layers differ): {missing[:2]}")
-    print(f"started from {adapter} ({len(tensors)} tensors)")
+        raise SystemExit(f"{folder} does not fit this model (rank or layers differ): {missing[:2]}")
 
 
 def plot(losses: list[float], path: Path) -> None:
@@ -239,17 +238,15 @@ def main(argv: list[str] | None = None) -> dict:
              "examples": len(data), "total_steps": total, "args": vars(args)}  # fmt: skip
     ckpt = out / "checkpoint"
     if (ckpt / "state.json").exists():
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        set_peft_model_state_dict(model, load_file(str(ckpt / "adapter_model.safetensors")))
+        load_adapter(model, ckpt)
         saved = torch.load(ckpt / "optim.pt", weights_only=True)
         opt.load_state_dict(saved["opt"])
         sched.load_state_dict(saved["sched"])
         state = json.loads((ckpt / "state.json").read_text())
         print(f"resumed from step {state['step']}")
     elif args.init_adapter:
-        init_from(model, Path(args.init_adapter))
+        load_adapter(model, Path(args.init_adapter))
+        print(f"started from {args.init_adapter}")
     out.mkdir(parents=True, exist_ok=True)
     model.train()
     started = time.monotonic()

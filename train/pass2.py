@@ -11,16 +11,26 @@ import json
 import random
 from pathlib import Path
 
-from train.pattern_tools import pattern_tools
+from app.chat.tool_parser import parse_whole
+from grammar.dialects import GENERIC
+from train.generate import END, Generator
+
+
+def _called(row: dict) -> set[str]:
+    """The names of the functions a generated row's targets call."""
+    names = set()
+    for text, trained in row["segments"]:
+        if trained:
+            _, calls = parse_whole(text.removesuffix(END), fmt=GENERIC)
+            names.update(c.name for c in calls or [])
+    return names
 
 
 def select(lines: list[str], names: set[str], pattern: int, other: int, seed: int) -> list[str]:
     """`pattern` rows calling a tool of `names` and `other` rows of the rest, seeded and shuffled."""
     hits, rest = [], []
     for line in lines:
-        row = json.loads(line)
-        target = "".join(text for text, trained in row["segments"] if trained)
-        (hits if any(f'"name": "{n}"' in target for n in names) else rest).append(line)
+        (hits if _called(json.loads(line)) & names else rest).append(line)
     rng = random.Random(seed)
     chosen = rng.sample(hits, min(pattern, len(hits))) + rng.sample(rest, min(other, len(rest)))
     rng.shuffle(chosen)
@@ -30,12 +40,12 @@ def select(lines: list[str], names: set[str], pattern: int, other: int, seed: in
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True, help="rows of `train.generate` (jsonl)")
-    ap.add_argument("--seed", type=int, default=4, help="the generator's seed (its pattern tools' names)")
+    ap.add_argument("--seed", type=int, default=4, help="the seed the rows were generated with")
     ap.add_argument("--pattern", type=int, default=1100)
     ap.add_argument("--other", type=int, default=700)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    names = {t.name for t in pattern_tools(random.Random(args.seed + 2))}
+    names = {t.name for t in Generator(args.seed).families["pattern"]}
     lines = Path(args.data).read_text().splitlines(keepends=True)
     chosen = select(lines, names, args.pattern, args.other, args.seed)
     Path(args.out).write_text("".join(chosen))

@@ -243,3 +243,15 @@ def test_the_mixture_keeps_its_shares(smollm2_dir):
     share = calls["pattern"] / sum(calls.values())
     assert 0.12 < share < 0.35, calls
     assert texts > 0.45 * (texts + sum(calls.values()))
+
+
+def test_the_second_pass_takes_rows_by_the_tools_their_targets_call():
+    from train.pass2 import select
+
+    def row(name: str) -> str:
+        call = f'<tool_call>\n{{"name": "{name}", "arguments": {{}}}}\n</tool_call>{END}'
+        return json.dumps({"kind": "call", "segments": [["prompt", False], [call, True]]}) + "\n"
+
+    lines = [row("text_to_morse")] * 3 + [row("get_weather")] * 5
+    chosen = select(lines, {"text_to_morse"}, pattern=2, other=1, seed=0)
+    assert sorted(chosen) == sorted([row("text_to_morse")] * 2 + [row("get_weather")])
