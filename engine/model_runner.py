@@ -209,13 +209,22 @@ class ModelRunner:
         pend = np.concatenate(
             [pend_at, np.array(p_pend_at, np.int64), pend_rows, np.array(p_pend_rows, np.int64)]
         )
-        if pre and not spec_rows and self._batch_graph_takes(len(seqs), ids.size):
+        if pre and self._batch_graph_takes(len(seqs), ids.size, len(sample_rows), bool(spec_rows)):
             g = self.batch_graphs.load(
                 self._staging, ids, pos, slots, np.array(sample_rows, dtype=np.int64), pend,
                 np.concatenate([np.ones(nd, dtype=np.int64), q]), np.concatenate([d_pos + 1, pre_start + q]),
                 table[rows, : int(num_blocks.max())], nd,
             )  # fmt: skip
-            step = StepInputs(g.input_ids, None, None, None, sampling, g.pending_at, batch_size=g.size)
+            step = StepInputs(
+                g.input_ids,
+                None,
+                None,
+                None,
+                sampling,
+                g.pending_at,
+                batch_size=g.size,
+                spec_rows=len(spec_rows),
+            )
             if k and not defer_pending:
                 _fill_pending(step, pending)
             return step
@@ -257,13 +266,17 @@ class ModelRunner:
             _fill_pending(step, pending)
         return step
 
-    def _batch_graph_takes(self, num_seqs: int, num_tokens: int) -> bool:
-        """Whether a step with prefill chunks replays a batch graph: within its ladder, and not a lone
-        chunk that an extend graph takes (those split long cached contexts over programs)."""
-        if self.batch_graphs is None or self.batch_graphs.padded_size(num_tokens) is None:
+    def _batch_graph_takes(self, num_seqs: int, num_tokens: int, num_rows: int, verifies: bool) -> bool:
+        """Whether a step with prefill chunks replays a batch graph: within its ladder, its sampled and
+        verified rows within the graph's, and not a lone chunk that an extend graph takes (those split
+        long cached contexts over programs; they return one row, so a chunk of proposals stays here)."""
+        g = self.batch_graphs
+        size = None if g is None else g.padded_size(num_tokens)
+        if size is None or num_rows > g.seqs(size):
             return False
         extend = self.extend_graphs
-        return not (num_seqs == 1 and extend is not None and extend.padded_size(num_tokens) is not None)
+        lone = num_seqs == 1 and extend is not None and extend.padded_size(num_tokens) is not None
+        return verifies or not lone
 
     def _decode_graph_takes(self, num_seqs: int, has_prefill: bool) -> bool:
         """Whether a step of num_seqs sequences replays a captured decode graph: decode-only, within
@@ -385,8 +398,9 @@ class ModelRunner:
         if step.in_graph:  # its inputs are the decode graph's static buffers already
             return self.graphs.run(bs), step.sampling
         if step.batch_size:  # a batch graph's, likewise
-            logits = self.batch_graphs.run(step.batch_size, len(step.sampling))
-            return (logits, step.sampling) if step.sampling else (None, [])
+            rows = len(step.sampling) + step.spec_rows
+            logits = self.batch_graphs.run(step.batch_size, rows)  # writes the chunks' K/V in any case
+            return (logits, step.sampling) if rows else (None, [])
         if (
             self.extend_graphs is not None
             and not step.spec_rows
@@ -425,7 +439,7 @@ class StepInputs(NamedTuple):
     in_graph: bool = False  # a decode step whose tensors are views of the decode graph's static inputs
     batch_size: int = 0  # > 0: a step a batch graph of this many tokens runs (its inputs loaded already)
     # rows of proposals' chunks (engine.speculative) after the sampling ones, whose logits follow theirs;
-    # such steps run eagerly (the graphs return one row per sequence)
+    # eager or a batch graph's (the decode and extend graphs return one row per sequence)
     spec_rows: int = 0
 
 

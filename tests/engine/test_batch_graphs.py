@@ -118,3 +118,29 @@ def test_captures_longer_than_a_context_stay_inside_the_block_table(tiny_qwen3, 
     eager = LLM(tiny_qwen3, device="cpu", dtype="float32", num_kv_blocks=16, max_num_seqs=1, max_model_len=64)
     assert [o.token_ids for o in ours] == [o.token_ids for o in eager.generate([[7] * 40, [9] * 20], params)]
     assert graphs.replays == 2
+
+
+def test_verification_steps_replay_batch_graphs(tiny_qwen3, monkeypatch):
+    """Speculative decoding's steps (chunks ending in proposals, k + 1 logits rows each) replay the
+    batch graphs and give the tokens of the engine without speculation."""
+    from tests.engine.test_speculative import copy_prompts
+
+    ps = copy_prompts(1)
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    kw = dict(device="cpu", dtype="float32", num_kv_blocks=256, max_num_seqs=32)
+    want = [o.token_ids for o in LLM(tiny_qwen3, **kw).generate(ps, params)]
+    llm = LLM(tiny_qwen3, **kw, speculative_method="ngram")
+    graphs = _with_batch_graphs(llm, [16, 32, 64], monkeypatch)
+    verified = []  # per replayed step: more logits rows than sequences (a chunk of proposals)
+    load = graphs.load
+
+    def counted(staging, ids, pos, slots, rows, pending, q_lens, *rest):
+        verified.append(rows.size > q_lens.size)
+        return load(staging, ids, pos, slots, rows, pending, q_lens, *rest)
+
+    graphs.load = counted
+    got = [o.token_ids for o in llm.generate(ps, params)]
+    assert got == want
+    s = llm.stats()
+    assert s["spec_accepted_tokens"] > 0 and sum(verified) > 5 and graphs.replays == len(verified)
+    assert s["free_blocks"] == s["total_blocks"]

@@ -353,3 +353,27 @@ def test_async_engine_serves_arriving_requests_like_hf(ckpt):
     assert reasons[-1] == "abort" and all(r is None for r in reasons[:-1]) and len(reasons) < 800
     ties = compare(ours, ref, bf16_tie)
     print(f"AsyncEngine bf16: {len(ps)} arriving requests, near-tie divergences {ties}")
+
+
+def test_speculation_verifies_in_batch_graphs(ckpt):
+    """n-gram speculation on CUDA: the steps that verify proposals replay batch graphs, and float32
+    greedy tokens equal the engine's without speculation (one prompt may part at a near-tie: the
+    chunk's rows run the prefill attention where plain decoding runs the decode attention)."""
+    from tests.engine.test_speculative import copy_prompts
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ps = copy_prompts(1)
+    kw = dict(dtype="float32", max_model_len=1024, num_kv_blocks=1024)
+    want = [o.token_ids for o in LLM(ckpt, **kw).generate(ps, GREEDY)]
+    llm = LLM(ckpt, **kw, speculative_method="ngram")
+    graphs, verified = llm.core.runner.batch_graphs, []
+    load = graphs.load
+
+    def counted(staging, ids, pos, slots, rows, pending, q_lens, *rest):
+        verified.append(rows.size > q_lens.size)  # more logits rows than sequences: proposals
+        return load(staging, ids, pos, slots, rows, pending, q_lens, *rest)
+
+    graphs.load = counted
+    got = [o.token_ids for o in llm.generate(ps, GREEDY)]
+    assert llm.stats()["spec_accepted_tokens"] > 0 and sum(verified) > 4
+    assert sum(a == b for a, b in zip(got, want, strict=True)) >= len(ps) - 1
