@@ -119,8 +119,9 @@ class EngineCore:
             self.overlap = False
             if self.device.type == "cuda":
                 log.warning(
-                    "speculative decoding on CUDA runs its steps eagerly, without overlap: it measured "
-                    "slower than plain decoding there (docs/performance.md, issue 50); use it on the CPU"
+                    "speculative decoding on CUDA turns off the overlap of steps: it pays only where "
+                    "most proposals are accepted (an H100 with SmolLM2: 1.08x copying, 0.76x on free "
+                    "text, 0.61x batched; docs/performance.md)"
                 )
         self._inflight: _InFlight | None = None
         # (batch, logits, sampling) of a step whose forward the previous step launched (launch_ahead)
