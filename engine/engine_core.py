@@ -120,8 +120,7 @@ class EngineCore:
             if self.device.type == "cuda":
                 log.warning(
                     "speculative decoding on CUDA turns off the overlap of steps: it pays only where "
-                    "most proposals are accepted (an H100 with SmolLM2: 1.08x copying, 0.76x on free "
-                    "text, 0.61x batched; docs/performance.md)"
+                    "most proposals are accepted (`chatloom bench --workload s1`, docs/performance.md)"
                 )
         self._inflight: _InFlight | None = None
         # (batch, logits, sampling) of a step whose forward the previous step launched (launch_ahead)

@@ -120,6 +120,20 @@ def test_captures_longer_than_a_context_stay_inside_the_block_table(tiny_qwen3, 
     assert graphs.replays == 2
 
 
+def count_verifications(graphs: bg.BatchGraphs) -> list[bool]:
+    """Wraps graphs.load: per step loaded, whether it has more logits rows than sequences (a chunk of
+    proposals to verify)."""
+    verified: list[bool] = []
+    load = graphs.load
+
+    def counted(staging, ids, pos, slots, rows, pending, q_lens, *rest):
+        verified.append(rows.size > q_lens.size)
+        return load(staging, ids, pos, slots, rows, pending, q_lens, *rest)
+
+    graphs.load = counted
+    return verified
+
+
 def test_verification_steps_replay_batch_graphs(tiny_qwen3, monkeypatch):
     """Speculative decoding's steps (chunks ending in proposals, k + 1 logits rows each) replay the
     batch graphs and give the tokens of the engine without speculation."""
@@ -131,14 +145,7 @@ def test_verification_steps_replay_batch_graphs(tiny_qwen3, monkeypatch):
     want = [o.token_ids for o in LLM(tiny_qwen3, **kw).generate(ps, params)]
     llm = LLM(tiny_qwen3, **kw, speculative_method="ngram")
     graphs = _with_batch_graphs(llm, [16, 32, 64], monkeypatch)
-    verified = []  # per replayed step: more logits rows than sequences (a chunk of proposals)
-    load = graphs.load
-
-    def counted(staging, ids, pos, slots, rows, pending, q_lens, *rest):
-        verified.append(rows.size > q_lens.size)
-        return load(staging, ids, pos, slots, rows, pending, q_lens, *rest)
-
-    graphs.load = counted
+    verified = count_verifications(graphs)
     got = [o.token_ids for o in llm.generate(ps, params)]
     assert got == want
     s = llm.stats()

@@ -361,6 +361,7 @@ def test_speculation_verifies_in_batch_graphs(ckpt):
     run the prefill attention where plain decoding runs the decode attention). The target is its own
     draft, so that proposals are accepted (this random model's replies repeat no n-gram of the
     prompts: an H100 run with prompt lookup accepted none)."""
+    from tests.engine.test_batch_graphs import count_verifications
     from tests.engine.test_speculative import copy_prompts
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -368,14 +369,7 @@ def test_speculation_verifies_in_batch_graphs(ckpt):
     kw = dict(dtype="float32", max_model_len=1024, num_kv_blocks=1024)
     want = [o.token_ids for o in LLM(ckpt, **kw).generate(ps, GREEDY)]
     llm = LLM(ckpt, **kw, speculative_method="draft", draft_model=str(ckpt))
-    graphs, verified = llm.core.runner.batch_graphs, []
-    load = graphs.load
-
-    def counted(staging, ids, pos, slots, rows, pending, q_lens, *rest):
-        verified.append(rows.size > q_lens.size)  # more logits rows than sequences: proposals
-        return load(staging, ids, pos, slots, rows, pending, q_lens, *rest)
-
-    graphs.load = counted
+    verified = count_verifications(llm.core.runner.batch_graphs)
     got = [o.token_ids for o in llm.generate(ps, GREEDY)]
     assert llm.stats()["spec_accepted_tokens"] > 0 and sum(verified) > 4
     assert sum(a == b for a, b in zip(got, want, strict=True)) >= len(ps) - 1
