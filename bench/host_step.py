@@ -4,9 +4,15 @@ timed is what the host does between two launches: schedule, build the step's ten
 accept tokens (detokenize, stop checks), record computed K/V.
 
     python -m bench.host_step --batch 32 256 --steps 200 [--profile]
+    python -m bench.host_step --spec 4 --batch 1 4 16      # speculative steps (S1's host side)
 
 Prompts of 100..1,900 tokens (block_size 16: up to ~125 blocks per table, as in W2's long tail);
-every sequence decodes past the timed steps, so the batch stays full."""
+every sequence decodes past the timed steps, so the batch stays full.
+
+--spec K: n-gram speculation with K proposals, greedy, no overlap (as the engine runs it). The
+prompts repeat a period of distinct tokens and the stub "model" always continues the period, so
+every proposal is accepted: each verification step yields K + 1 tokens, and the host's cost per
+token is what bounds S1 where the device's step is short."""
 
 from __future__ import annotations
 
@@ -43,6 +49,107 @@ def _stub_device_work(core, seed: int) -> None:
     runner.execute = execute
     core.sampler.process = lambda logits, seqs: logits
     core.sampler.sample = sample
+
+
+PERIOD = 97  # the spec stub's period: distinct token ids 1000..1096
+
+
+def _successor(tok: int) -> int:
+    return 1000 + (tok - 1000 + 1) % PERIOD
+
+
+def _stub_periodic_model(core) -> None:
+    """--spec: every logits row (sampled or verified) puts its maximum on the token after that row's
+    input token in the period, so n-gram proposals are always right."""
+    import torch
+
+    runner, vocab = core.runner, core.vocab_size
+
+    def execute(batch, pending=None, temps=None):
+        step = runner.prepare(batch, pending)
+        inputs: list[int] = []
+        for i in step.sampling:  # the sampled rows: each sequence's last token
+            inputs.append(batch.seqs[i].token_ids[-1])
+        for seq in batch.seqs:  # then the verified chunks, in batch order: last real token + drafts
+            if seq.spec_tokens:
+                inputs.append(seq.token_ids[-1])
+                inputs.extend(seq.spec_tokens)
+        if not inputs:
+            return None, [], None
+        logits = torch.zeros((len(inputs), vocab))
+        logits[torch.arange(len(inputs)), torch.tensor([_successor(t) for t in inputs])] = 1.0
+        return logits, step.sampling, None
+
+    runner.execute = execute
+    core.sampler.process = lambda logits, seqs: logits
+    core.sampler.sample = lambda logits, seqs, static=None: logits.argmax(dim=-1)
+
+
+def run_spec(batch: int, steps: int, k: int, profile: bool, folder: Path) -> dict:
+    """Host time of speculative steps: tokens per step and CPU per token, by part."""
+    from bench.step_timers import StepTimers
+    from engine.config import EngineConfig
+    from engine.engine_core import EngineCore
+    from engine.sampling_params import SamplingParams
+
+    period = list(range(1000, 1000 + PERIOD))
+    config = EngineConfig(
+        model=str(folder),
+        device="cpu",
+        dtype="float32",
+        num_kv_blocks=batch * 4096 // 16 + 64,
+        max_num_seqs=batch,
+        max_model_len=4096,
+        num_threads=1,
+        speculative_method="ngram",
+        num_speculative_tokens=k,
+        enable_prefix_caching=False,
+    )
+    core = EngineCore(config)
+    _stub_periodic_model(core)
+    seqs = []
+    for i in range(batch):
+        prompt = (period * 3)[i : i + 2 * PERIOD + 20]  # each its own phase
+        params = SamplingParams(temperature=0.0, max_tokens=4096 - len(prompt) - 1, ignore_eos=True)
+        seqs += core.add_request(f"r{i}", prompt, params)
+    for _ in range(8):
+        core.step()
+    timers = StepTimers(time.thread_time)
+    timers.wrap(core.spec, "propose", "propose")
+    timers.wrap(core.scheduler, "schedule", "schedule")
+    timers.wrap(core.runner, "prepare", "prepare")
+    timers.wrap(core, "_verify", "verify (accept, detokenize)")
+    timers.wrap(core, "_finish", "finish")
+    timers.wrap(core.scheduler, "after_step", "after_step")
+    before = sum(s.num_output_tokens for s in seqs)
+    prof = None
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+    c0, t0 = time.thread_time(), time.perf_counter()
+    for _ in range(steps):
+        core.step()
+    cpu, wall = time.thread_time() - c0, time.perf_counter() - t0
+    if prof is not None:
+        import pstats
+
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+    tokens = sum(s.num_output_tokens for s in seqs) - before
+    assert tokens >= steps * batch * (k + 1) // 2, f"speculation accepted too little: {tokens} tokens"
+    result = {
+        "batch": batch,
+        "k": k,
+        "tokens_per_step": tokens / steps,
+        "cpu_us_per_step": cpu / steps * 1e6,
+        "cpu_us_per_token": cpu / tokens * 1e6,
+        "wall_us_per_step": wall / steps * 1e6,
+        "parts_us": {name: v / steps * 1e6 for name, v in timers.totals.items()},
+    }
+    core.abort_all()
+    return result
 
 
 def run(batch: int, steps: int, profile: bool, folder: Path) -> dict:
@@ -123,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, nargs="+", default=[32, 256], help="running sequences")
     p.add_argument("--steps", type=int, default=200, help="timed decode steps per batch size")
     p.add_argument("--profile", action="store_true", help="cProfile the timed steps (distorts times)")
+    p.add_argument("--spec", type=int, default=0, metavar="K", help="speculative steps with K proposals")
     return p
 
 
@@ -137,6 +245,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         folder = build_checkpoint(Path(tmp), "qwen3", vocab_size=10240, seed=0)
         for batch in args.batch:
+            if args.spec:
+                r = run_spec(batch, args.steps, args.spec, args.profile, folder)
+                parts = ", ".join(f"{k} {v:.0f}" for k, v in r["parts_us"].items())
+                print(
+                    f"batch {batch}, {args.spec} proposals: {r['tokens_per_step']:.1f} tokens a step, "
+                    f"CPU {r['cpu_us_per_step']:.0f} us a step = {r['cpu_us_per_token']:.0f} us a token "
+                    f"(wall {r['wall_us_per_step']:.0f} us a step); CPU per step in {parts}"
+                )
+                results.append(r)
+                continue
             r = run(batch, args.steps, args.profile, folder)
             parts = ", ".join(f"{k} {v:.0f}" for k, v in r["parts_us"].items())
             print(

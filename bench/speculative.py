@@ -139,6 +139,8 @@ def bench_s1(args) -> dict:
         row["speedup"] = row["ngram_tok_s"] / row["off_tok_s"]
         result[name] = row
         print(f"{name:5s} {_fmt(row)}")
+        if getattr(args, "profile", False) and name == "copy":
+            _profile_turns(engines, prompts, max_new)
         if name != "c1":
             for ids in ref:
                 print("      answer: " + repr(tok.decode(ids)[:100]))
@@ -156,6 +158,19 @@ def bench_s1(args) -> dict:
     result["c1"] = row
     print(f"c1    {_fmt(row)}")
     return result
+
+
+def _profile_turns(engines: dict, prompts: list[list[int]], max_new: int) -> None:
+    """--profile: one more copy turn per mode under the profiler (host functions; on CUDA the GPU's
+    busy share of the wall and its gaps), printed after the timed runs."""
+    from bench.observe import Profile
+
+    for mode, llm in engines.items():
+        before = llm.core.num_steps
+        with Profile(enabled=True) as prof:
+            _, n, dt = _single_stream(llm, prompts, max_new)
+        print(f"profile of the copy turn, speculation {mode}: {n} tokens in {dt:.3f} s")
+        prof.report(dt, llm.core.num_steps - before)
 
 
 def _acceptance(before: dict, after: dict) -> dict:

@@ -109,19 +109,16 @@ class EngineCore:
         self.num_steps = 0
         overlap = config.async_scheduling
         self.overlap = self.device.type == "cuda" if overlap is None else overlap
-        self.spec = None  # speculative.Speculator: proposals need the host's tokens, so no overlap
+        # speculative.Speculator: proposals need the host's tokens, so a step in flight is finished
+        # before a step that proposes (steps without proposals overlap as usual)
+        self.spec = None
         if config.speculative_method != "off":
             from engine.speculative import Speculator
 
+            num_blocks = self.runner.num_blocks
             self.spec = Speculator(
-                config, self.vocab_size, self.eos_token_ids, self.device, self.dtype, self.runner.num_blocks
+                config, self.vocab_size, self.eos_token_ids, self.device, self.dtype, num_blocks, self.overlap
             )
-            self.overlap = False
-            if self.device.type == "cuda":
-                log.warning(
-                    "speculative decoding on CUDA turns off the overlap of steps: it pays only where "
-                    "most proposals are accepted (`chatloom bench --workload s1`, docs/performance.md)"
-                )
         self._inflight: _InFlight | None = None
         # (batch, logits, sampling) of a step whose forward the previous step launched (launch_ahead)
         self._ahead: tuple | None = None
@@ -303,6 +300,9 @@ class EngineCore:
             batch, logits, sampling = ahead
             self._touch(batch.seqs)
         else:
+            if prev is not None and self.spec is not None and self.spec.wants_tokens(self.scheduler.running):
+                outputs += self._finish(prev)  # proposals start from the tokens in flight
+                prev = None
             self._touched = None  # a failing schedule() may leave any request half-updated
             if self.spec is not None:
                 self.spec.propose(self.scheduler.running, self.max_model_len)

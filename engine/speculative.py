@@ -23,6 +23,7 @@ from kernels import dispatch as ops
 NGRAM_SIZES = (4, 3, 2)  # suffix lengths matched against the context, longest first
 OFF_BELOW = 0.3  # acceptance (running mean) under which a sequence stops speculating for a while
 COOLDOWN = (8, 256)  # steps off: first time, doubling up to the last
+MISS_OFF = 16  # with overlapped steps: most steps off after proposals came back empty (1, 2, 4, ...)
 
 
 @dataclasses.dataclass
@@ -35,6 +36,7 @@ class SpecState:
     cooldown: int = COOLDOWN[0]
     index: dict = dataclasses.field(default_factory=dict)  # n-gram -> position after its last use
     indexed: int = 0  # tokens whose n-grams are in index
+    misses: int = 0  # proposals that came back empty in a row
 
 
 class NgramProposer:
@@ -126,8 +128,21 @@ def _batch(shadows: list[Sequence]):
 class Speculator:
     """What EngineCore asks: proposals before scheduling, verification after the forward."""
 
-    def __init__(self, config, vocab_size: int, eos_ids: set[int], device, dtype, num_blocks: int):
+    def __init__(
+        self,
+        config,
+        vocab_size: int,
+        eos_ids: set[int],
+        device,
+        dtype,
+        num_blocks: int,
+        overlap: bool = False,
+    ):
         self.method = config.speculative_method
+        # steps overlap unless a sequence is to speculate (its proposals need its last token on the
+        # host): empty proposals then back off for a few steps, so that a context without repeats runs
+        # overlapped steps, as without speculation
+        self.overlap = overlap
         self.k_max = config.num_speculative_tokens
         self.budget = config.max_num_batched_tokens
         self.vocab_size = vocab_size
@@ -143,6 +158,22 @@ class Speculator:
     def method_of(self, seq: Sequence) -> str:
         m = seq.params.speculative_method
         return self.method if m is None else m
+
+    def wants_tokens(self, running: list[Sequence]) -> bool:
+        """Whether a running sequence is to speculate at the next step: if so, the step in flight is
+        finished first (its proposals start from its last token)."""
+        return any(self._eligible(s) and (s.spec is None or not s.spec.off) for s in running)
+
+    def _eligible(self, seq: Sequence) -> bool:
+        p = seq.params
+        return not (
+            seq.done_scheduling
+            or seq.status is not SequenceStatus.RUNNING
+            or self.method_of(seq) == "off"
+            or p.logprobs is not None
+            or p.needs_penalties
+            or p.logits_processors
+        )
 
     def propose(self, running: list[Sequence], max_model_len: int) -> None:
         """Set spec_tokens of every running sequence: proposals where it speculates, else none."""
@@ -162,25 +193,32 @@ class Speculator:
                 for seq, k, drafts in zip(seqs, ks, proposer.propose(seqs, ks), strict=True):
                     constrained = seq.constraint is not None
                     seq.spec_tokens = _grammar_prefix(seq, drafts, k) if constrained else drafts
+                    if self.overlap:
+                        self._backoff(seq)
+
+    @staticmethod
+    def _backoff(seq: Sequence) -> None:
+        """Overlapped steps: a sequence whose proposal came back empty sits out 1, 2, 4, ... steps
+        (at most MISS_OFF) rather than hold every step on the host; a proposal resets the count."""
+        st = seq.spec
+        if seq.spec_tokens:
+            st.misses = 0
+        else:
+            st.off = min(1 << st.misses, MISS_OFF)
+            st.misses += 1
 
     def _length(self, seq: Sequence, max_model_len: int) -> int:
         """How many tokens to propose for seq now (0: it does not speculate this step)."""
         p = seq.params
-        if (
-            seq.done_scheduling
-            or seq.status is not SequenceStatus.RUNNING
-            or self.method_of(seq) == "off"
-            or p.logprobs is not None
-            or p.needs_penalties
-            or p.logits_processors
-            or seq.token_ids[-1] == PENDING
-        ):
+        if not self._eligible(seq):
             return 0
         if seq.spec is None:
             seq.spec = SpecState(min(self.k_max, p.num_speculative_tokens or self.k_max))
         st = seq.spec
-        if st.off:
+        if st.off:  # counted down whether or not its last token is known
             st.off -= 1
+            return 0
+        if seq.token_ids[-1] == PENDING:
             return 0
         left = max_model_len - seq.num_tokens
         if p.max_tokens is not None:

@@ -64,6 +64,61 @@ def test_greedy_equal_without_speculation(arch_path, method):
     assert_free(llm)
 
 
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_greedy_equal_with_overlapped_steps(checkpoint_factory, method):
+    """Overlapped steps (CUDA's default, forced on here): a step in flight is finished before one
+    that proposes, the others overlap; tokens equal those without speculation."""
+    path = checkpoint_factory("qwen3")
+    prompts = copy_prompts(8)
+    params = [greedy(40, speculative_method="off" if i % 3 == 2 else None) for i in range(len(prompts))]
+    want = [o.token_ids for o in LLM(path, **KW).generate(prompts, params)]
+    draft = {"draft_model": str(path)} if method == "draft" else {}
+    llm = LLM(path, **KW, async_scheduling=True, speculative_method=method, **draft)
+    assert llm.core.overlap
+    got = [o.token_ids for o in llm.generate(prompts, params)]
+    assert got == want
+    s = llm.stats()
+    assert s["spec_verify_steps"] > 0 and s["spec_accepted_tokens"] > 0
+    assert_free(llm)
+
+
+def _drains(llm: LLM, prompt: list[int], n: int) -> tuple[int, int, list[int]]:
+    """(steps that finished the step in flight first, steps with one in flight, tokens) of one stream."""
+    core, counts = llm.core, [0, 0]
+    wants = core.spec.wants_tokens
+
+    def counted(running):
+        w = wants(running)
+        counts[0] += w
+        counts[1] += 1
+        return w
+
+    core.spec.wants_tokens = counted
+    (out,) = llm.generate([prompt], greedy(n))
+    core.spec.wants_tokens = wants
+    return counts[0], counts[1], out.token_ids
+
+
+def test_overlap_kept_where_nothing_is_proposed(checkpoint_factory):
+    """Empty proposals back off (1, 2, 4, ... steps), so a context without repeats keeps the overlap
+    (the random checkpoint starts repeating itself after ~16 tokens, and from then on proposes); a
+    repeating context finishes the step in flight and verifies proposals."""
+    path = checkpoint_factory("qwen3")
+    llm = LLM(path, **KW, async_scheduling=True, speculative_method="ngram")
+    plain = LLM(path, **KW)
+    rng = random.Random(3)
+    fresh = rng.sample(range(10000), 60)  # no token twice: the prompt lookup finds nothing at first
+    drained, inflight, got = _drains(llm, fresh, 64)
+    assert got == plain.generate([fresh], greedy(64))[0].token_ids
+    assert inflight - drained >= 10 and drained > 0  # steps overlapped, and steps that proposed
+    span = rng.sample(range(10000), 20)
+    before = llm.stats()["spec_verify_steps"]
+    drained, inflight, got = _drains(llm, span * 4, 32)
+    assert got == plain.generate([span * 4], greedy(32))[0].token_ids
+    assert llm.stats()["spec_verify_steps"] > before
+    assert_free(llm)
+
+
 def test_random_draft_accepts_almost_nothing(checkpoint_factory):
     path, other = checkpoint_factory("qwen3"), checkpoint_factory("qwen3", seed=11)
     prompts = copy_prompts(2)
