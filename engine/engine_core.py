@@ -392,14 +392,18 @@ class EngineCore:
         not in after_step: full blocks are registered before an end frees them), free the blocks of
         the rejected ones."""
         outputs, row = [], 0
+        verifying = [s for s in batch.seqs[batch.num_decodes :] if s.spec_tokens]
+        # one argmax and one read for every greedy row without masks, rather than one per sequence
+        best = logits.argmax(dim=-1).tolist() if any(map(self.spec.plain_greedy, verifying)) else None
         for i in range(batch.num_decodes, len(batch.seqs)):
             seq, spec = batch.seqs[i], batch.seqs[i].spec_tokens
             if not spec:
                 continue
-            rows, row = logits[row : row + len(spec) + 1], row + len(spec) + 1
+            at, row = row, row + len(spec) + 1
             seq.spec_tokens = []
             try:
-                tokens = self.spec.verify(seq, spec, rows)
+                mine = best[at:row] if best is not None and self.spec.plain_greedy(seq) else None
+                tokens = self.spec.verify(seq, spec, logits[at:row], mine)
                 base = seq.num_tokens
                 seq.token_ids.extend(tokens)
                 seq.num_computed_tokens += batch.num_new_tokens[i] - (len(spec) + 1 - len(tokens))

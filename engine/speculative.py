@@ -226,9 +226,23 @@ class Speculator:
         k = min(st.k, left - 1, self.budget - seq.num_uncomputed_tokens)
         return max(k, 0)
 
-    def verify(self, seq: Sequence, drafts: list[int], logits: torch.Tensor) -> list[int]:
-        """logits: (len(drafts) + 1, vocab) the target's rows at the seq's last token and its drafts.
-        Returns the accepted drafts and one token after them."""
+    def plain_greedy(self, seq: Sequence) -> bool:
+        """Whether seq's rows are verified by their argmax alone (no bias, floor, grammar or sampling),
+        so that one argmax over the step's rows serves it (EngineCore._verify)."""
+        p = seq.params
+        floor = p.min_tokens and seq.num_output_tokens < p.min_tokens
+        return p.greedy and not p.logit_bias and not floor and seq.constraint is None
+
+    def verify(
+        self, seq: Sequence, drafts: list[int], logits: torch.Tensor, best: list[int] | None = None
+    ) -> list[int]:
+        """logits: (len(drafts) + 1, vocab) the target's rows at the seq's last token and its drafts;
+        best: their argmax, read already (plain_greedy sequences). Returns the accepted drafts and one
+        token after them."""
+        if best is not None:
+            n = next((i for i, d in enumerate(drafts) if best[i] != d), len(drafts))
+            self._adapt(seq, len(drafts), n)
+            return drafts[:n] + [best[n]]
         rows = logits.float()
         p = seq.params
         if p.logit_bias:
