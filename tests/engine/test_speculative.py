@@ -284,8 +284,9 @@ def test_first_sampled_token_distribution(checkpoint_factory, method):
 
 
 # ---- grammars ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("method", ["ngram", "draft"])
-def test_constrained_tool_calls_stay_valid(tiny_qwen3, method):
+# overlapped steps (CUDA's default): grammar rows read the tokens in flight, steps launched ahead
+@pytest.mark.parametrize("method,overlap", [("ngram", False), ("draft", False), ("ngram", True)])
+def test_constrained_tool_calls_stay_valid(tiny_qwen3, method, overlap):
     import jsonschema
 
     from bench.grammar import g1_tools
@@ -296,7 +297,7 @@ def test_constrained_tool_calls_stay_valid(tiny_qwen3, method):
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
     off = LLM(str(tiny_qwen3), **KW)
     draft = {"draft_model": str(tiny_qwen3)} if method == "draft" else {}
-    on = LLM(str(tiny_qwen3), **KW, speculative_method=method, **draft)
+    on = LLM(str(tiny_qwen3), **KW, speculative_method=method, async_scheduling=overlap, **draft)
     f = build_constraint(off.tokenizer, tools=tools, tool_choice="required", max_tokens=96,
                          vocab_size=off.core.vocab_size)  # fmt: skip
     rng = random.Random(8)
