@@ -126,15 +126,17 @@ def bench_s1(args) -> dict:
         row, outs, best = {}, {}, {}
         for _ in range(args.repeats):  # off and on in turns, the best of each: a busy machine's noise
             for mode, llm in engines.items():
-                before = llm.stats()
+                before, steps = llm.stats(), llm.core.num_steps
                 outs[mode], n, dt = _single_stream(llm, prompts, max_new)
-                print(f"  {name} {mode}: {n} tokens in {dt:.2f} s", flush=True)
+                steps = llm.core.num_steps - steps
+                print(f"  {name} {mode}: {n} tokens in {dt:.2f} s, {steps} steps", flush=True)
                 if dt < best.get(mode, (0, float("inf")))[1]:
-                    best[mode] = (n, dt, _acceptance(before, llm.stats()))
+                    best[mode] = (n, dt, {**_acceptance(before, llm.stats()), "steps": steps})
         for mode, (n, dt, _) in best.items():
             row[f"{mode}_tok_s"] = n / dt
         row["same_tokens"] = outs["ngram"] == outs["off"]
         row.update(best["ngram"][2])
+        row["off_steps"] = best["off"][2]["steps"]
         ref = outs["off"]
         row["speedup"] = row["ngram_tok_s"] / row["off_tok_s"]
         result[name] = row
