@@ -234,6 +234,7 @@ def bench_gpu(args) -> dict:
             **({"max_num_batched_tokens": n} if (n := args.max_num_batched_tokens) is not None else {}),
             **({"block_size": b} if (b := args.block_size) is not None else {}),
             **({"batch_graph_max_tokens": g} if (g := args.batch_graph_max_tokens) is not None else {}),
+            speculative_method=args.speculative,
         )
         print(f"engine start-up: {time.perf_counter() - t0:.2f} s")
         # warm-up: the workload's shapes and whole lengths with other ids, so that what the timed run
@@ -249,6 +250,13 @@ def bench_gpu(args) -> dict:
         bound_s = (weight_bytes * steps + kv * kv_per_token) / HBM_BYTES_PER_S
         print(f"bandwidth bound {bound_s * 1e3:.1f} ms -> reached {bound_s / dt:.1%} of it")
         result = {"workload": args.workload, "chatloom_tok_s": produced / dt, "bound_fraction": bound_s / dt}
+        if args.speculative != "off":
+            st = llm.stats()  # warm-up and timed run together
+            result.update({k: v for k, v in st.items() if k.startswith("spec_")})
+            print(
+                f"speculation {args.speculative}: "
+                + ", ".join(f"{k} {v}" for k, v in result.items() if k.startswith("spec_"))
+            )
         if args.peer == "hf":
             peer = _hf_peer(path_with_weights(llm, path), prompts, outs, "cuda", torch.bfloat16, sum(outs))
             result.update(hf_tok_s=peer, ratio=(produced / dt) / peer)
@@ -472,6 +480,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="GPU workloads: steps with prefill chunks up to N tokens replay graphs (0: eager; default: "
         "EngineConfig's)",
+    )
+    p.add_argument(
+        "--speculative",
+        choices=["off", "ngram"],
+        default="off",
+        help="W1-W3: n-gram speculative decoding on (the random weights rarely repeat: this checks what it "
+        "costs where proposals seldom come)",
     )
     p.add_argument(
         "--tokenizer",
