@@ -9,10 +9,11 @@ accept tokens (detokenize, stop checks), record computed K/V.
 Prompts of 100..1,900 tokens (block_size 16: up to ~125 blocks per table, as in W2's long tail);
 every sequence decodes past the timed steps, so the batch stays full.
 
---spec K: n-gram speculation with K proposals, greedy, no overlap (as the engine runs it). The
-prompts repeat a period of distinct tokens and the stub "model" always continues the period, so
-every proposal is accepted: each verification step yields K + 1 tokens, and the host's cost per
-token is what bounds S1 where the device's step is short."""
+--spec K: n-gram speculation with K proposals, greedy. The prompts repeat a period of distinct
+tokens and the stub "model" always continues the period, so every proposal is accepted: every step
+verifies K + 1 tokens per sequence and finishes its predecessor first (as on CUDA, where only steps
+that propose nothing overlap), and the host's cost per token is what bounds S1 where the device's
+step is short."""
 
 from __future__ import annotations
 
@@ -87,6 +88,7 @@ def _stub_periodic_model(core) -> None:
 
 def run_spec(batch: int, steps: int, k: int, profile: bool, folder: Path) -> dict:
     """Host time of speculative steps: tokens per step and CPU per token, by part."""
+    from bench.observe import Profile
     from bench.step_timers import StepTimers
     from engine.config import EngineConfig
     from engine.engine_core import EngineCore
@@ -122,21 +124,12 @@ def run_spec(batch: int, steps: int, k: int, profile: bool, folder: Path) -> dic
     timers.wrap(core, "_finish", "finish")
     timers.wrap(core.scheduler, "after_step", "after_step")
     before = sum(s.num_output_tokens for s in seqs)
-    prof = None
-    if profile:
-        import cProfile
-
-        prof = cProfile.Profile()
-        prof.enable()
-    c0, t0 = time.thread_time(), time.perf_counter()
-    for _ in range(steps):
-        core.step()
-    cpu, wall = time.thread_time() - c0, time.perf_counter() - t0
-    if prof is not None:
-        import pstats
-
-        prof.disable()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+    with Profile(enabled=profile) as prof:
+        c0, t0 = time.thread_time(), time.perf_counter()
+        for _ in range(steps):
+            core.step()
+        cpu, wall = time.thread_time() - c0, time.perf_counter() - t0
+    prof.report(wall, steps)
     tokens = sum(s.num_output_tokens for s in seqs) - before
     assert tokens >= steps * batch * (k + 1) // 2, f"speculation accepted too little: {tokens} tokens"
     result = {
@@ -153,6 +146,7 @@ def run_spec(batch: int, steps: int, k: int, profile: bool, folder: Path) -> dic
 
 
 def run(batch: int, steps: int, profile: bool, folder: Path) -> dict:
+    from bench.observe import Profile
     from bench.step_timers import StepTimers
     from engine.config import EngineConfig
     from engine.engine_core import EngineCore
@@ -193,23 +187,14 @@ def run(batch: int, steps: int, profile: bool, folder: Path) -> dict:
     timers.wrap(core.runner, "prepare", "prepare")
     timers.wrap(core, "_finish", "finish (accept, detokenize)")
     timers.wrap(core.scheduler, "after_step", "after_step")
-    prof = None
-    if profile:
-        import cProfile
-
-        prof = cProfile.Profile()
-        prof.enable()
     wall, cpu = [], []
-    for _ in range(steps):
-        t, c = time.perf_counter(), time.thread_time()
-        core.step()
-        cpu.append(time.thread_time() - c)
-        wall.append(time.perf_counter() - t)
-    if prof is not None:
-        import pstats
-
-        prof.disable()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+    with Profile(enabled=profile) as prof:
+        for _ in range(steps):
+            t, c = time.perf_counter(), time.thread_time()
+            core.step()
+            cpu.append(time.thread_time() - c)
+            wall.append(time.perf_counter() - t)
+    prof.report(sum(wall), steps)
     running = len(core.scheduler.running)
     assert running == batch, f"the batch shrank to {running}"
     result = {

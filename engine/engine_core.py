@@ -392,9 +392,11 @@ class EngineCore:
         not in after_step: full blocks are registered before an end frees them), free the blocks of
         the rejected ones."""
         outputs, row = [], 0
-        verifying = [s for s in batch.seqs[batch.num_decodes :] if s.spec_tokens]
         # one argmax and one read for every greedy row without masks, rather than one per sequence
-        best = logits.argmax(dim=-1).tolist() if any(map(self.spec.plain_greedy, verifying)) else None
+        plain = {
+            id(s) for s in batch.seqs[batch.num_decodes :] if s.spec_tokens and self.spec.plain_greedy(s)
+        }
+        best = logits.argmax(dim=-1).tolist() if plain else None
         for i in range(batch.num_decodes, len(batch.seqs)):
             seq, spec = batch.seqs[i], batch.seqs[i].spec_tokens
             if not spec:
@@ -402,7 +404,7 @@ class EngineCore:
             at, row = row, row + len(spec) + 1
             seq.spec_tokens = []
             try:
-                mine = best[at:row] if best is not None and self.spec.plain_greedy(seq) else None
+                mine = best[at:row] if id(seq) in plain else None
                 tokens = self.spec.verify(seq, spec, logits[at:row], mine)
                 base = seq.num_tokens
                 seq.token_ids.extend(tokens)

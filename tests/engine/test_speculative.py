@@ -83,7 +83,8 @@ def test_greedy_equal_with_overlapped_steps(checkpoint_factory, method):
 
 
 def _drains(llm: LLM, prompt: list[int], n: int) -> tuple[int, int, list[int]]:
-    """(steps that finished the step in flight first, steps with one in flight, tokens) of one stream."""
+    """One stream: (steps that began with a step in flight and finished it first, steps that began
+    with a step in flight, its tokens)."""
     core, counts = llm.core, [0, 0]
     wants = core.spec.wants_tokens
 
@@ -108,12 +109,12 @@ def test_overlap_kept_where_nothing_is_proposed(checkpoint_factory):
     plain = LLM(path, **KW)
     rng = random.Random(3)
     fresh = rng.sample(range(10000), 60)  # no token twice: the prompt lookup finds nothing at first
-    drained, inflight, got = _drains(llm, fresh, 64)
+    drained, in_flight, got = _drains(llm, fresh, 64)
     assert got == plain.generate([fresh], greedy(64))[0].token_ids
-    assert inflight - drained >= 10 and drained > 0  # steps overlapped, and steps that proposed
+    assert in_flight - drained >= 10 and drained > 0  # steps overlapped, and steps that proposed
     span = rng.sample(range(10000), 20)
     before = llm.stats()["spec_verify_steps"]
-    drained, inflight, got = _drains(llm, span * 4, 32)
+    *_, got = _drains(llm, span * 4, 32)
     assert got == plain.generate([span * 4], greedy(32))[0].token_ids
     assert llm.stats()["spec_verify_steps"] > before
     assert_free(llm)
