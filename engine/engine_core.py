@@ -300,7 +300,7 @@ class EngineCore:
             batch, logits, sampling = ahead
             self._touch(batch.seqs)
         else:
-            if prev is not None and self.spec is not None and self.spec.wants_tokens(self.scheduler.running):
+            if prev is not None and self._proposes_next():
                 outputs += self._finish(prev)  # proposals start from the tokens in flight
                 prev = None
             self._touched = None  # a failing schedule() may leave any request half-updated
@@ -334,7 +334,8 @@ class EngineCore:
         if prev is not None:
             outputs += self._finish(prev)  # waits only for the previous step's tokens
         if logits is not None and late:
-            if self.overlap and self.config.launch_ahead:
+            # not ahead of a step that proposes: its proposals need this step's tokens on the host
+            if self.overlap and self.config.launch_ahead and not self._proposes_next():
                 self._inflight = self._sample(logits, seqs, ahead_of=batch)  # ran after_step(batch)
                 return outputs
             launched = self._sample(logits, seqs)
@@ -345,6 +346,10 @@ class EngineCore:
             else:
                 outputs += self._finish(launched)
         return outputs
+
+    def _proposes_next(self) -> bool:
+        """Whether a running sequence is to speculate in the next step (it needs its tokens first)."""
+        return self.spec is not None and self.spec.wants_tokens(self.scheduler.running)
 
     def _touch(self, seqs: list[Sequence]) -> None:
         if self._touched is not None:
@@ -373,6 +378,8 @@ class EngineCore:
         if ahead_of is not None:
             self.scheduler.after_step(ahead_of)
             touched, self._touched = self._touched, None
+            if self.spec is not None:  # counts down sequences sitting out (tokens in flight propose nothing)
+                self.spec.propose(self.scheduler.running, self.max_model_len)
             nxt = self.scheduler.schedule()
             self._touched = touched
             self._touch(nxt.seqs)
