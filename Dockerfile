@@ -18,6 +18,8 @@ COPY pyproject.toml setup.py README.md alembic.ini ./
 COPY chatloom ./chatloom
 COPY app ./app
 COPY engine ./engine
+COPY runner ./runner
+COPY models ./models
 COPY kernels ./kernels
 COPY grammar ./grammar
 COPY migrations ./migrations

@@ -32,7 +32,7 @@ test-all: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -m "not gpu" $(PYTEST_ARGS)
 
-# a developer's inner loop: lint, types (mypy: engine/ and app/, see pyproject) and the fast tests
+# a developer's inner loop: lint, types (mypy: engine/, runner/, models/ and app/, see pyproject) and the fast tests
 check: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy

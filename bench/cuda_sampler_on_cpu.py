@@ -23,10 +23,10 @@ def main() -> None:
 
     import torch
 
-    import engine.sampler as sampler_mod
-    from engine.device_masks import DeviceMasks
+    import runner.sampler as sampler_mod
     from kernels import dispatch
     from kernels.sampling import sample_tokens as triton_sample
+    from runner.device_masks import DeviceMasks
     from train import eval_tools
 
     ops = types.SimpleNamespace(**{k: getattr(dispatch, k) for k in dir(dispatch) if not k.startswith("__")})

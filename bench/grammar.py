@@ -170,8 +170,8 @@ def run_g1(
     out: Callable[[str], None] = print,
 ) -> dict:
     # imported here: the workload's data (g1_tools, g1_prompts) stays importable on its own
-    from engine.sampling_params import SamplingParams
     from grammar.api import build_constraint
+    from runner.sampling_params import SamplingParams
 
     tools = json.loads(Path(tools_path).read_text())["tools"]
     prompts = g1_prompts(n_requests, prompt_len)
@@ -358,6 +358,6 @@ def measure_masks(
 if __name__ == "__main__":
     from tokenizers import Tokenizer
 
-    from engine.models.qwen_vocab import qwen_tokenizer_json
+    from models.qwen_vocab import qwen_tokenizer_json
 
     measure_masks(Tokenizer.from_file(str(qwen_tokenizer_json())))

@@ -26,8 +26,8 @@ def _record(event: dict, row: torch.Tensor) -> None:
 
 
 def trace(device: str, gguf: str | None, case: int, steps: int, model: str) -> list[dict]:
-    from engine.sampler import Sampler
     from grammar.constraint import GrammarConstraint
+    from runner.sampler import Sampler
     from train import eval_tools
 
     events: list[dict] = []  # one per sampled step of the traced sequence

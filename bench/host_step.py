@@ -92,7 +92,7 @@ def run_spec(batch: int, steps: int, k: int, profile: bool, folder: Path) -> dic
     from bench.step_timers import StepTimers
     from engine.config import EngineConfig
     from engine.engine_core import EngineCore
-    from engine.sampling_params import SamplingParams
+    from runner.sampling_params import SamplingParams
 
     period = list(range(1000, 1000 + PERIOD))
     config = EngineConfig(
@@ -150,7 +150,7 @@ def run(batch: int, steps: int, profile: bool, folder: Path) -> dict:
     from bench.step_timers import StepTimers
     from engine.config import EngineConfig
     from engine.engine_core import EngineCore
-    from engine.sampling_params import SamplingParams
+    from runner.sampling_params import SamplingParams
 
     rng = random.Random(0)
     prompts = [[rng.randint(0, 10000) for _ in range(rng.randint(100, 1900))] for _ in range(batch)]
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     import os
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from engine.models.tiny import build_checkpoint
+    from models.tiny import build_checkpoint
 
     args = build_parser().parse_args(argv)
     results = []

@@ -178,9 +178,9 @@ def main() -> None:
     args = ap.parse_args()
     from tokenizers import Tokenizer
 
-    from engine.models.qwen_vocab import qwen_tokenizer_json
     from grammar.api import warmup
     from grammar.vocab import vocab_for
+    from models.qwen_vocab import qwen_tokenizer_json
 
     tok = Tokenizer.from_file(str(qwen_tokenizer_json()))
     warmup(tok, MODEL_VOCAB)

@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     _stage("import torch")
     from engine.config import EngineConfig
     from engine.engine_core import EngineCore
-    from engine.models.gguf import default_checkpoint
-    from engine.sampling_params import SamplingParams
+    from models.gguf import default_checkpoint
+    from runner.sampling_params import SamplingParams
 
     _stage("import the engine")
     config = EngineConfig(

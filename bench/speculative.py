@@ -95,7 +95,7 @@ def bench_s1(args) -> dict:
 
     from bench.workloads import _params, c1_workload
     from engine import LLM
-    from engine.models.gguf import embedded_gguf
+    from models.gguf import embedded_gguf
 
     torch.set_num_threads(args.threads)
     model = getattr(args, "model", None) or embedded_gguf()

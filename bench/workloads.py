@@ -24,7 +24,7 @@ from pathlib import Path
 from bench import speculative
 from bench import switches as bench_switches
 from bench.cpu1 import bench_cpu1
-from engine.models.tiny import BENCH_SHAPE, build_checkpoint
+from models.tiny import BENCH_SHAPE, build_checkpoint
 
 HBM_BYTES_PER_S = 4.3e12  # H200
 
@@ -110,7 +110,7 @@ def _checkpoint(shape: dict, vocab: int, folder: Path, dummy: bool) -> Path:
         cfg = transformers.Qwen3Config(**shape, vocab_size=vocab, eos_token_id=151645)
         cfg.architectures = ["Qwen3ForCausalLM"]
         cfg.save_pretrained(folder)
-        from engine.models.tiny import write_tokenizer
+        from models.tiny import write_tokenizer
 
         write_tokenizer(folder)
         return folder

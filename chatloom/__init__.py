@@ -19,7 +19,7 @@ import importlib.abc
 import importlib.util
 import sys
 
-PACKAGES = ("app", "engine", "kernels", "grammar", "migrations", "bench")
+PACKAGES = ("app", "engine", "runner", "models", "kernels", "grammar", "migrations", "bench")
 
 
 class _OwnPackages(importlib.abc.MetaPathFinder):

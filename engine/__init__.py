@@ -6,7 +6,7 @@ Public API:
 
 from engine.config import EngineConfig
 from engine.outputs import CompletionOutput, RequestOutput, StepOutput, TokenLogprob
-from engine.sampling_params import SamplingParams
+from runner.sampling_params import SamplingParams
 
 __all__ = [
     "AsyncEngine",

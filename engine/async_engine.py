@@ -15,12 +15,12 @@ import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 
-from engine import heap
 from engine.config import EngineConfig
 from engine.engine_core import EngineCore
 from engine.outputs import StepOutput
-from engine.sampling_params import SamplingParams
 from engine.step_thread import StepThread
+from models import heap
+from runner.sampling_params import SamplingParams
 
 log = logging.getLogger("chatloom.engine")
 
@@ -59,7 +59,7 @@ class AsyncEngine:
         self._stats: dict = self.core.stats()
         self._ids = itertools.count()
         self.error: BaseException | None = None
-        # CPU: freed step buffers given back to the system once a second (engine.heap)
+        # CPU: freed step buffers given back to the system once a second (models.heap)
         self._trim = heap.Trimmer() if self.core.device.type == "cpu" else None
 
     # ---- lifecycle --------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
-from engine.sequence import Sequence
+from runner.sequence import Sequence
 
 
 class Block:

@@ -49,13 +49,13 @@ class EngineConfig:
     # captured graph; 0: always eager
     prefill_graph_max_tokens: int = 512
     # CUDA: a step with prefill chunks (any mix of sequences) of up to this many tokens replays a
-    # captured graph (engine.batch_graphs), capped at max_num_batched_tokens; 0: always eager
+    # captured graph (runner.batch_graphs), capped at max_num_batched_tokens; 0: always eager
     batch_graph_max_tokens: int = 8192
     num_threads: int | None = None  # torch CPU threads
     # CPU: the projections' and lm_head's weights quantized at load ("int8" per row, "int4" per group
     # of 32), products on torch's packed kernels (kernels.quant_linear); "none": float, exact
     quantization: str = "none"
-    # CPU: a quantized model's decode-only steps run as one torch.compile'd program (engine.cpu_step; the
+    # CPU: a quantized model's decode-only steps run as one torch.compile'd program (runner.cpu_step; the
     # first decode step of each shape class compiles); None: on where it applies (CPU, int8 or int4),
     # False: eager
     cpu_compile: bool | None = None

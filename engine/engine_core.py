@@ -15,19 +15,19 @@ from pathlib import Path
 
 import torch
 
-from engine import heap
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.model_runner import ModelRunner
-from engine.models.gguf import resolve_checkpoint
-from engine.models.loader import build_model, load_hf_config
 from engine.outputs import StepOutput, TokenLogprob
-from engine.sampler import LogprobTensors, Sampler, logprob_rows, logprob_tensors
-from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.sequence import PENDING, Sequence
 from kernels.onednn import pack_model
+from models import heap
+from models.gguf import resolve_checkpoint
+from models.loader import build_model, load_hf_config
+from runner.model_runner import ModelRunner
+from runner.sampler import LogprobTensors, Sampler, logprob_rows, logprob_tensors
+from runner.sampling_params import SamplingParams
+from runner.sequence import PENDING, Sequence
 
 log = logging.getLogger("chatloom.engine")
 

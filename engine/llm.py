@@ -7,8 +7,8 @@ import itertools
 from engine.config import EngineConfig
 from engine.engine_core import EngineCore
 from engine.outputs import CompletionOutput, RequestOutput
-from engine.sampling_params import SamplingParams
 from engine.step_thread import StepThread
+from runner.sampling_params import SamplingParams
 
 
 class LLM:

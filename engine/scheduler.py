@@ -7,26 +7,10 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter, deque
-from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
-from engine.sequence import Sequence, SequenceStatus
-
-
-@dataclass
-class ScheduledBatch:
-    # decodes first (one token each), then prefill chunks
-    seqs: list[Sequence] = field(default_factory=list)
-    num_new_tokens: list[int] = field(default_factory=list)
-    num_decodes: int = 0
-    preempted: list[Sequence] = field(default_factory=list)
-
-    @property
-    def total_tokens(self) -> int:
-        return sum(self.num_new_tokens)
-
-    def __bool__(self) -> bool:
-        return bool(self.seqs)
+from runner.batch import ScheduledBatch
+from runner.sequence import Sequence, SequenceStatus
 
 
 class Scheduler:

@@ -17,8 +17,8 @@ import dataclasses
 
 import torch
 
-from engine.sequence import PENDING, Sequence, SequenceStatus
 from kernels import dispatch as ops
+from runner.sequence import PENDING, Sequence, SequenceStatus
 
 NGRAM_SIZES = (4, 3, 2)  # suffix lengths matched against the context, longest first
 OFF_BELOW = 0.3  # acceptance (running mean) under which a sequence stops speculating for a while
@@ -70,9 +70,9 @@ class DraftProposer:
 
     def __init__(self, config, device: torch.device, dtype: torch.dtype, num_blocks: int, vocab: int):
         from engine.block_manager import BlockManager
-        from engine.model_runner import ModelRunner
-        from engine.models.gguf import resolve_checkpoint
-        from engine.models.loader import build_model, load_hf_config
+        from models.gguf import resolve_checkpoint
+        from models.loader import build_model, load_hf_config
+        from runner.model_runner import ModelRunner
 
         path = resolve_checkpoint(config.draft_model)
         hf = load_hf_config(path, {})
@@ -110,6 +110,7 @@ class DraftProposer:
             ordered = sorted(active, key=lambda a: a[1].num_uncomputed_tokens > 1)  # decodes first
             batch = _batch([sh for _, sh in ordered])
             logits, sampling, _ = self.runner.execute(batch)
+            assert logits is not None, "every sequence of a draft step samples"
             ids = logits[:, : self.vocab].argmax(dim=-1).tolist()
             for (i, sh), tok in zip([ordered[j] for j in sampling], ids, strict=True):
                 sh.num_computed_tokens = sh.num_tokens
@@ -119,7 +120,7 @@ class DraftProposer:
 
 
 def _batch(shadows: list[Sequence]):
-    from engine.scheduler import ScheduledBatch
+    from runner.batch import ScheduledBatch
 
     n = [sh.num_uncomputed_tokens for sh in shadows]
     return ScheduledBatch(seqs=shadows, num_new_tokens=n, num_decodes=sum(1 for x in n if x == 1))
@@ -264,7 +265,7 @@ class Speculator:
         return tokens
 
     def _sample(self, seq: Sequence, drafts: list[int], rows: torch.Tensor) -> list[int]:
-        from engine.sampler import _filter
+        from runner.sampler import _filter
 
         k = len(drafts)
         probs = _filter(torch.softmax(rows / seq.params.temperature, dim=-1), [seq] * (k + 1))

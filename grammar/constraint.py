@@ -13,7 +13,7 @@ from grammar.vocab import TokenVocab
 
 
 class GrammarConstraint:
-    """engine.sampling_params.TokenConstraint over one grammar: llguidance's matcher says what the
+    """runner.sampling_params.TokenConstraint over one grammar: llguidance's matcher says what the
     grammar allows, the budget cursor what still fits in the remaining tokens; a row is their AND."""
 
     __slots__ = ("matcher", "cursor", "vocab", "words", "done", "restricted_steps")
@@ -124,7 +124,7 @@ class GrammarConstraint:
 
 
 class GrammarConstraintFactory:
-    """engine.sampling_params.ConstraintFactory: ready() once both compiles finished."""
+    """runner.sampling_params.ConstraintFactory: ready() once both compiles finished."""
 
     def __init__(self, budget: Future, grammar: Future, vocab: TokenVocab):
         self._budget = budget  # Future[BudgetAutomaton]

@@ -13,7 +13,7 @@ In a wide folded decode step (kernels.dispatch_linear.QKV_EPILOGUE_MIN_M rows or
 with the new token's work (kernels.qkv_new_token) releases its successor at its start, and the decode
 attention after it reads its sequence's length, order entry and block-table row while the projection
 runs, then waits for q and the new K/V. The rows' order is sorted before the projection
-(engine.attention.projected_decode_attention), so nothing runs between the two.
+(models.attention.projected_decode_attention), so nothing runs between the two.
 
 Rules every user follows: a kernel launched with `launch_kwargs(True)` waits (`wait`; in the Gluon
 tail, kernels.decode_tail_tma's `_gdc`) before it reads anything an earlier kernel of the step wrote,

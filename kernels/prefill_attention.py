@@ -167,7 +167,7 @@ def paged_prefill_attention(
     (`num_splits`, else chosen from `max_seq_len` or the block table's capacity, python ints) and a reduce
     kernel merges the splits, as in decode. No host sync; CUDA-graph safe. With `tile_map` the grid is
     (the map's tiles, 1, heads x splits) and max_seqlen_q only has to be positive: a captured step whose
-    sequences change between replays (engine.batch_graphs) launches one program per listed tile."""
+    sequences change between replays (runner.batch_graphs) launches one program per listed tile."""
     if q.dim() != 3:
         raise ValueError(f"q must be (num_tokens, num_heads, head_dim), got {tuple(q.shape)}")
     _check_cache(q, k_cache, v_cache, block_tables)

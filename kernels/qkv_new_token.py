@@ -1,6 +1,6 @@
 """The qkv projection of a decode step's new tokens with their whole pre-attention work in its epilogue:
 q = x @ W_q^T, k and v likewise, from the residual stream x read un-normalized (the layer's input RMSNorm
-folded into W, engine.models.llama's fold_norms), then per head the q/k RMSNorm and RoPE, k and v times
+folded into W, models.llama's fold_norms), then per head the q/k RMSNorm and RoPE, k and v times
 1 / rms(x's row) where no q/k norm cancels it, k and v written into their cache slots and q returned
 (matches reference.qkv_new_token). The decode attention after it only walks the cache
 (kernels.decode_attention without a NewTokenQK): the wide decode steps' attention launch no longer runs

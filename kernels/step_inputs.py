@@ -1,14 +1,14 @@
 """A captured decode step's first launch: it finishes the step's inputs on the device (matches
 reference.decode_step_inputs), so that between the host's uploads and the forward nothing else runs.
 
-The host packs a step of `rows` sequences into the graph's static buffers (engine.cuda_graphs):
+The host packs a step of `rows` sequences into the graph's static buffers (runner.cuda_graphs):
   head (int64):   [ids (n) | positions (n) | slots (n) | k, rows, width, 0 | at (k) | src (k)]
   packed (int32): [lengths (n) | the rows' block tables, rows x width]
 n is the largest captured batch. Program r copies row r of the packed tables into the graph's
 (n, max_blocks) block table (r < rows); program 0 also writes the k tokens still in flight, the
 previous step's sampled ids: ids[at[i]] = tokens[src[i]].
 
-A step graph (engine.cuda_graphs.DecodeGraphs) skips the uploads: the host writes the step into a row
+A step graph (runner.cuda_graphs.DecodeGraphs) skips the uploads: the host writes the step into a row
 of a pinned ring, [ids | positions | slots | src (n each; src = the row of an in-flight id in tokens,
 else -1) | rows, width, 0, 0] (int64) and [lengths (n) | tables, row r at n + r * max_blocks] (int32),
 and `mapped_step_inputs` reads it over PCIe, the row named by a device counter that the graph's last

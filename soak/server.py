@@ -29,7 +29,7 @@ def free_port() -> int:
 
 def tiny_checkpoint(folder: Path) -> Path:
     """The tiny random Qwen3 checkpoint with the real tokenizer, built once into folder."""
-    from engine.models.tiny import build_checkpoint
+    from models.tiny import build_checkpoint
 
     if (folder / "config.json").exists():
         return folder

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.models.qwen_vocab import EMBEDDING_ROWS, EOS_ID
-from engine.models.tiny import write_tokenizer
+from models.qwen_vocab import EMBEDDING_ROWS, EOS_ID
+from models.tiny import write_tokenizer
 
 SHAPES = {
     "bloom": ("BloomConfig", "BloomForCausalLM", dict(hidden_size=96, n_layer=2, n_head=6)),

@@ -22,7 +22,7 @@ os.environ.setdefault("CHATLOOM_DATA_DIR", tempfile.mkdtemp(prefix="chatloom-tes
 @pytest.fixture(scope="session")
 def checkpoint_factory(tmp_path_factory):
     """checkpoint_factory(arch="qwen3", **overrides) -> folder; built once per argument set."""
-    from engine.models.tiny import build_checkpoint
+    from models.tiny import build_checkpoint
 
     built: dict[tuple, Path] = {}
 

@@ -40,7 +40,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.models.qwen_vocab import cache_dir
+from models.qwen_vocab import cache_dir
 
 FAMILIES = ("qwen", "smollm2", "mistral_v3", "mistral_tekken", "llama3")
 TEMPLATES = Path(__file__).with_name("families")
@@ -70,7 +70,7 @@ LLAMA3_SPECIAL = (
 
 @dataclass(frozen=True)
 class Family:
-    arch: str  # a key of engine.models.tiny.ARCHS
+    arch: str  # a key of models.tiny.ARCHS
     dialect: str  # hermes | mistral | llama3_json | generic
     bos: str | None
     eos: tuple[str, ...]  # the first is the tokenizer's eos_token; all go to generation_config
@@ -234,7 +234,7 @@ def _save_model(folder: Path, arch: str, vocab_size: int, bos_id, eos_ids: list[
     import torch
     import transformers
 
-    from engine.models.tiny import ARCHS, TINY_SHAPE
+    from models.tiny import ARCHS, TINY_SHAPE
 
     config_cls, model_cls = (getattr(transformers, n) for n in ARCHS[arch])
     fields = dict(TINY_SHAPE)
@@ -254,8 +254,8 @@ def build_family_checkpoint(folder: str | Path, family: str, seed: int = 0) -> P
     folder = Path(folder)
     spec = SPECS[family]
     if family == "qwen":  # the embedding keeps Qwen2.5's 151,936 rows (> 151,665 tokens)
-        from engine.models.qwen_vocab import SPECIAL_TOKENS
-        from engine.models.tiny import build_checkpoint
+        from models.qwen_vocab import SPECIAL_TOKENS
+        from models.tiny import build_checkpoint
 
         build_checkpoint(folder, spec.arch, seed=seed)
         eos = [151643 + SPECIAL_TOKENS.index(t) for t in spec.eos]  # as Qwen2.5-Instruct's own file

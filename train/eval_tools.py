@@ -178,8 +178,8 @@ def served(model_dir: str, device: str = "cpu"):
 def model_dir(name: str, adapter: str | None = None, gguf: str | None = None) -> str:
     """base: the embedded GGUF's (or `gguf`'s) converted float folder; tuned: it merged with the shipped
     adapter (or `adapter`)."""
-    from engine.models.adapter import SHIPPED, merged_dir
-    from engine.models.gguf import converted_dir, embedded_gguf
+    from models.adapter import SHIPPED, merged_dir
+    from models.gguf import converted_dir, embedded_gguf
 
     path = Path(gguf) if gguf else embedded_gguf()
     if path is None:

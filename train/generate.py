@@ -282,7 +282,7 @@ def renderer_for(model_dir: str) -> PromptRenderer:
 
 def base_model_dir() -> str:
     """The converted float folder of the embedded SmolLM2 GGUF (built on first use)."""
-    from engine.models.gguf import converted_dir, embedded_gguf
+    from models.gguf import converted_dir, embedded_gguf
 
     path = embedded_gguf()
     if path is None:

@@ -32,8 +32,8 @@ from app.errors import APIError
 from app.memory import repository as repo
 from app.memory.db import Database
 from app.principal import OPEN, Principal
-from engine.sampling_params import SamplingParams
 from grammar.dialects import dialect_for
+from runner.sampling_params import SamplingParams
 
 log = logging.getLogger("chatloom.agent")
 

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Callable
 
 from engine.outputs import StepOutput, TokenLogprob
-from engine.sampling_params import SamplingParams
+from runner.sampling_params import SamplingParams
 
 Script = Callable[[list[int], SamplingParams, int], str]  # (prompt ids, params, sample index) -> text
 

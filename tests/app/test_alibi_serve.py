@@ -1,4 +1,4 @@
-"""`chatloom serve`'s app over a tiny random BLOOM (an ALiBi model, engine.models.alibi) that brings no
+"""`chatloom serve`'s app over a tiny random BLOOM (an ALiBi model, models.alibi) that brings no
 chat template, as BLOOM's checkpoints do: the prompt is rendered with chatloom's ChatML fallback and the
 openai SDK gets chat completions, plain and streamed."""
 

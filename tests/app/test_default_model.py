@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from app.settings import Settings
-from engine.models import gguf as gguf_mod
+from models import gguf as gguf_mod
 
 
 def test_served_names():
@@ -27,10 +27,10 @@ def test_default_is_smollm2_when_the_wheel_is_installed(monkeypatch, tmp_path):
 
 
 def test_without_the_wheel_the_tiny_model_is_served_with_a_warning(monkeypatch, tmp_path, caplog):
-    import engine.models.tiny
+    import models.tiny
 
     monkeypatch.setattr(gguf_mod, "embedded_gguf", lambda: None)
-    monkeypatch.setattr(engine.models.tiny, "default_model_dir", lambda: tmp_path / "tiny-qwen3")
+    monkeypatch.setattr(models.tiny, "default_model_dir", lambda: tmp_path / "tiny-qwen3")
     assert Settings().model_name() == "chatloom-tiny"
     with caplog.at_level(logging.WARNING, logger="chatloom.engine"):
         assert gguf_mod.default_checkpoint() == str(tmp_path / "tiny-qwen3")

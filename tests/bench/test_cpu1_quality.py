@@ -7,7 +7,7 @@ import pytest
 
 from bench import cpu1
 from engine import LLM, SamplingParams
-from engine.models.tiny import build_checkpoint
+from models.tiny import build_checkpoint
 
 NEW = 6
 

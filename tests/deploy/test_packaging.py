@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-FOLDERS = ("app", "engine", "kernels", "grammar", "migrations", "bench")
+FOLDERS = ("app", "engine", "runner", "models", "kernels", "grammar", "migrations", "bench")
 
 
 def test_the_dockerfile_copies_what_the_build_needs():

@@ -1,4 +1,4 @@
-"""The ALiBi family (engine.models.alibi): greedy tokens of our engine equal HF transformers' generate,
+"""The ALiBi family (models.alibi): greedy tokens of our engine equal HF transformers' generate,
 token for token (float32, CPU), on tiny random BLOOM and MPT checkpoints, for 24 prompts, at block sizes
 16 and 32, with a small token budget that cuts prompts into chunks mid-block, with preemption, and with
 a cached prefix (the bias depends on absolute positions: a chunk or a cache hit that lost them would
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine import LLM
-from engine.models.alibi import AlibiForCausalLM, bloom_slopes, mpt_slopes
+from models.alibi import AlibiForCausalLM, bloom_slopes, mpt_slopes
 from tests.alibi_models import build_alibi_checkpoint
 from tests.engine.test_parity import GREEDY, HFReference, assert_parity, make_prompts, shared_prefix_prompts
 

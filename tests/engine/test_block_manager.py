@@ -10,8 +10,8 @@ import pytest
 
 import engine.block_manager as block_manager_module
 from engine.block_manager import BlockManager
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from runner.sampling_params import SamplingParams
+from runner.sequence import Sequence
 
 BS = 4
 

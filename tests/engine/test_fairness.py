@@ -11,7 +11,7 @@ from itertools import count
 from engine import AsyncEngine, EngineConfig, SamplingParams
 from engine.block_manager import BlockManager
 from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from runner.sequence import Sequence
 
 _tok = count(5000)
 

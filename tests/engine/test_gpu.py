@@ -30,7 +30,7 @@ def prompts() -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    from engine.models.tiny import build_checkpoint
+    from models.tiny import build_checkpoint
 
     return build_checkpoint(tmp_path_factory.mktemp("gpu"), "qwen3", shape=SHAPE)
 
@@ -130,14 +130,14 @@ def test_wide_batch_longest_first_matches_plain_dispatch(ckpt, monkeypatch):
 
 @pytest.mark.parametrize("epilogue", [False, True])
 def test_folded_norms_match_hf(tmp_path_factory, monkeypatch, epilogue):
-    """bf16 on CUDA folds each RMSNorm's weight into the projection after it (engine.models.loader
+    """bf16 on CUDA folds each RMSNorm's weight into the projection after it (models.loader
     build_model), so wide decode steps run no norm launch (dispatch.folded_decode_layer_tail: the residual
     adds in the cuBLAS GEMMs, 1 / rms applied by the SiLU and the decode attention). On norms that are
     not ones, greedy tokens equal HF's up to near-ties, with CUDA graphs and eager. With `epilogue`
     (dispatch_linear.QKV_EPILOGUE_MIN_M lowered to every folded step), the layers after the first project the
     residual with the new token's work in the projection (kernels.qkv_new_token)."""
-    from engine.models.tiny import build_checkpoint
     from kernels import dispatch, dispatch_linear
+    from models.tiny import build_checkpoint
 
     path = build_checkpoint(tmp_path_factory.mktemp("gpu-norms"), "qwen3", shape=SHAPE, norm_spread=0.3)
     ps = prompts()
@@ -249,7 +249,7 @@ def test_grammar_masks_from_the_device_table(ckpt):
 
 def test_sampler_graphs_draw_from_softmax():
     """The sampler graph's draws follow softmax(logits / T) and change every replay (device seed)."""
-    from engine.sampler_graphs import SamplerGraphs
+    from runner.sampler_graphs import SamplerGraphs
     from tests.kernels.test_sampling import _chi2_ok
 
     g = SamplerGraphs(64, torch.device("cuda"), seed=5)
@@ -269,7 +269,7 @@ def test_step_graphs_sample_plain_decode_steps(ckpt):
     whose first launch reads the tokens still in flight from the previous replay: float32 greedy tokens
     equal those of the engine without it (forward graph, then the sampler), and a batch with a row
     that asks for logprobs takes the forward graph and the sampler."""
-    from engine import cuda_graphs
+    from runner import cuda_graphs
 
     torch.backends.cuda.matmul.allow_tf32 = False
     ps = prompts()[:6]

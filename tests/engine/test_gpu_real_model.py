@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.models.gguf import embedded_gguf
+from models.gguf import embedded_gguf
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

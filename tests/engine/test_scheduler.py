@@ -11,9 +11,10 @@ import sys
 from itertools import count
 
 from engine.block_manager import BlockManager
-from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledBatch, Scheduler
-from engine.sequence import Sequence, SequenceStatus
+from engine.scheduler import Scheduler
+from runner.batch import ScheduledBatch
+from runner.sampling_params import SamplingParams
+from runner.sequence import Sequence, SequenceStatus
 
 BS = 4
 _tok = count(1000)
@@ -67,7 +68,7 @@ def run_all(sched: Scheduler, limit: int = 1000) -> list[ScheduledBatch]:
 
 def test_imports_no_torch():
     code = (
-        "import sys; import engine.scheduler, engine.block_manager, engine.sequence; "
+        "import sys; import engine.scheduler, engine.block_manager, runner.sequence; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -11,7 +11,7 @@ MODEL_VOCAB = 151936
 def tok():
     from tokenizers import Tokenizer
 
-    from engine.models.qwen_vocab import qwen_tokenizer_json
+    from models.qwen_vocab import qwen_tokenizer_json
 
     return Tokenizer.from_file(str(qwen_tokenizer_json()))
 

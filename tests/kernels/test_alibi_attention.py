@@ -1,4 +1,4 @@
-"""The paged attention kernels with the ALiBi family's own slopes (engine.models.alibi: BLOOM's and MPT's
+"""The paged attention kernels with the ALiBi family's own slopes (models.alibi: BLOOM's and MPT's
 rules at six heads, past a power of two) match kernels.reference in float32 (interpreter on the CPU):
 multi-head (one KV head per query head, as BLOOM and MPT), block sizes 16 and 32, a fresh prompt, a
 cached prefix, chunks that start and end inside a block, decodes beside them, split-K decode, and q as
@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.models.alibi import bloom_slopes, mpt_slopes
 from kernels import reference as ref
 from kernels.decode_attention import paged_decode_attention
 from kernels.prefill_attention import paged_prefill_attention
+from models.alibi import bloom_slopes, mpt_slopes
 from tests.kernels.paged import ATOL, make_paged, max_err
 
 H, D = 6, 16

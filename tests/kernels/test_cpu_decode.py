@@ -73,8 +73,8 @@ def test_engine_tokens_equal_the_reference_path(tmp_path, monkeypatch, arch):
     """The engine's greedy tokens (mixed prompt lengths, so masked decode batches; Mistral's sliding
     window shorter than the contexts) are the same with the per-step tables as with the references."""
     from engine import LLM, SamplingParams
-    from engine.models.tiny import build_checkpoint
     from kernels import dispatch_pointwise
+    from models.tiny import build_checkpoint
 
     extra = {"sliding_window": 24} if arch == "mistral" else {}
     path = build_checkpoint(tmp_path, arch, vocab_size=512, **extra)

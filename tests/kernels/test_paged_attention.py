@@ -269,7 +269,7 @@ def test_gpu_prefill(dtype, block_size, window, alibi, splits):
 @pytest.mark.usefixtures("no_tf32")
 @gpu
 def test_gpu_prefill_tile_map_in_cuda_graph():
-    # one capture replayed over two batches of other lengths, as engine.batch_graphs does
+    # one capture replayed over two batches of other lengths, as runner.batch_graphs does
     block_m = pf.prefill_block_m(torch.bfloat16, torch.device("cuda"))
     batches = [([300, 513, 128, 77], [300, 130, 1, 64]), ([40, 1000, 9, 0], [1, 700, 9, 0])]
     made = [make_paged(c, q, GPU_H, GPU_HK, GPU_D, 16, torch.bfloat16, "cuda", spare_blocks=80, seed=i)

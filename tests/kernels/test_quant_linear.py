@@ -8,9 +8,9 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
-from engine.models.tiny import build_checkpoint
 from kernels import dispatch, quant_linear
 from kernels.quant_linear import GROUP, dequantize, product, quantize, reference_product
+from models.tiny import build_checkpoint
 
 
 def _rand(*shape, seed):
@@ -109,7 +109,7 @@ def test_engine_generates_with_quantized_weights(tiny, mode):
     prompts = [[(7 * i + 3 * j) % 500 + 1 for j in range(12 + i)] for i in range(8)]
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     ref = LLM(str(tiny), device="cpu", dtype="float32", num_kv_blocks=64).generate(prompts, params)
-    # eager decode steps: the compiled step has its own tests (tests/engine/test_cpu_step.py)
+    # eager decode steps: the compiled step has its own tests (tests/runner/test_cpu_step.py)
     llm = LLM(str(tiny), device="cpu", dtype="float32", num_kv_blocks=64, quantization=mode,
               cpu_compile=False)  # fmt: skip
     model = llm.core.runner.model

@@ -62,7 +62,7 @@ def chat_tokenizer(tmp_path_factory):
     """The real Qwen2.5 tokenizer with our chat template (no weights needed)."""
     from transformers import AutoTokenizer
 
-    from engine.models.tiny import write_tokenizer
+    from models.tiny import write_tokenizer
 
     folder = tmp_path_factory.mktemp("tokenizer")
     write_tokenizer(folder)

@@ -65,7 +65,7 @@ def test_docker_compose_config_when_available():
 
 def test_dockerfile_copies_what_the_package_needs():
     text = (ROOT / "Dockerfile").read_text()
-    for folder in ("app", "engine", "kernels", "grammar", "migrations", "examples"):
+    for folder in ("app", "engine", "runner", "models", "kernels", "grammar", "migrations", "examples"):
         assert f"COPY {folder} ./{folder}" in text
 
 

@@ -11,7 +11,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
-    from engine.models.gguf import INSTALL_HINT, converted_dir, embedded_gguf
+    from models.gguf import INSTALL_HINT, converted_dir, embedded_gguf
 
     path = embedded_gguf()
     if path is None:

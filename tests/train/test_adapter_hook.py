@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from engine.models import adapter as adapter_mod
-from engine.models import gguf as gguf_mod
+from models import adapter as adapter_mod
+from models import gguf as gguf_mod
 
 # peft asks transformers a deprecated question (transformers 5.24)
 pytestmark = pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")

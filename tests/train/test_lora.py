@@ -34,7 +34,7 @@ def test_exported_adapter_merges_into_the_same_model(tiny_llama, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from engine.models.adapter import merge
+    from models.adapter import merge
 
     out = tmp_path / "run"
     lora.main(["--out", str(out), "--model", str(tiny_llama), "--max-steps", "2", *ARGS])

@@ -1,0 +1,80 @@
+"""The packages import downward only: kernels <- models <- runner <- engine <- app, grammar beside
+them, and nothing shipped imports the lab (bench/, train/) or the tests. Imports under
+`if TYPE_CHECKING:` name types for annotations and are not counted."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIRST_PARTY = {
+    "app",
+    "engine",
+    "runner",
+    "models",
+    "kernels",
+    "grammar",
+    "migrations",
+    "bench",
+    "train",
+    "tests",
+}
+
+# each package and the first-party packages it may import at run time (itself included)
+ALLOWED = {
+    "kernels": {"kernels"},
+    "models": {"models", "kernels"},
+    "runner": {"runner", "models", "kernels"},
+    "grammar": {"grammar"},
+    "engine": {"engine", "runner", "models", "kernels", "grammar"},
+    "app": {"app", "engine", "runner", "models", "kernels", "grammar", "migrations"},
+    "migrations": {"migrations", "app"},
+}
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imported_packages(tree: ast.AST) -> set[str]:
+    """First-party top-level packages a module imports at run time (function bodies included)."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found & FIRST_PARTY
+
+
+def test_the_rule_sees_imports_in_functions_and_skips_type_checking():
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\nimport kernels.x\nif TYPE_CHECKING:\n    import engine\n"
+        "def f():\n    from bench import w\n"
+    )
+    assert imported_packages(tree) == {"kernels", "bench"}
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_package_imports_only_the_layers_below(package):
+    wrong = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        extra = imported_packages(ast.parse(path.read_text(), str(path))) - ALLOWED[package]
+        if extra:
+            wrong[str(path.relative_to(ROOT))] = sorted(extra)
+    assert not wrong, f"imports against the layering: {wrong}"
