@@ -4,7 +4,10 @@ parts timed apart: llguidance's masks (row by row, and on its LLExecutor), the b
 the Python around them. A row whose call ended starts a new request (continuous batching), so the
 rows stay at different places in their calls.
 
-    python -m bench.mask_profile --rows 16 64 --steps 200 [--max-tokens 512] [--profile]
+    python -m bench.mask_profile --rows 16 64 --steps 200 [--max-tokens 512] [--profile] [--pool 4 16]
+
+--pool N...: llguidance's thread pool with N threads in turn (default: its own size, most of the cores),
+to see how a host's cores share a step's rows.
 """
 
 from __future__ import annotations
@@ -168,6 +171,33 @@ def run(tok, vocab, rows: int, steps: int, max_tokens: int, profile: bool, sampl
     return out
 
 
+def string_positions(tok, vocab, max_length: int = 60, repeats: int = 4) -> None:
+    """One row's mask time inside a JSON string of maxLength `max_length`, by characters written
+    (filled with "a", one character a token): where llguidance's slices stop covering the tokens
+    that still fit, the trie walk over the longer ones is what a step waits for."""
+    import llguidance
+
+    from grammar.llguidance_backend import LIMITS
+
+    a_id = tok.encode("a", add_special_tokens=False).ids[0]
+    quote = tok.encode('"', add_special_tokens=False).ids[0]
+    lark = 'start: %json {"type": "string", "maxLength": ' + str(max_length) + "}"
+    proto = llguidance.LLMatcher(
+        vocab.ll_tokenizer, llguidance.LLMatcher.grammar_from_lark(lark), limits=LIMITS
+    )
+    row = torch.empty(vocab.mask_words, dtype=torch.int32)
+    times = np.zeros((repeats, max_length))
+    for r in range(repeats):
+        m = proto.deep_copy()
+        m.consume_tokens([quote])
+        for k in range(max_length):
+            times[r, k] = timed(m.unsafe_compute_mask_ptr, row.data_ptr(), row.numel() * 4)
+            m.consume_tokens([a_id])
+    for lo in range(0, max_length, 5):
+        us = times[:, lo : lo + 5].mean() * 1e6
+        print(f"string maxLength {max_length}, characters {lo:2d}-{lo + 4:2d} written: mask {us:6.0f} us")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[16, 64])
@@ -175,9 +205,13 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--sampled", action="store_true", help="tokens drawn uniformly from each mask")
     ap.add_argument("--profile", action="store_true", help="cProfile the fill_bitmasks calls")
+    ap.add_argument("--positions", action="store_true", help="one row's mask time along a bounded string")
+    ap.add_argument("--pool", type=int, nargs="+", default=[0], help="llguidance pool sizes (0: its default)")
     args = ap.parse_args()
+    import llguidance
     from tokenizers import Tokenizer
 
+    import grammar.llguidance_backend as backend
     from grammar.api import warmup
     from grammar.vocab import vocab_for
     from models.qwen_vocab import qwen_tokenizer_json
@@ -185,12 +219,18 @@ def main() -> None:
     tok = Tokenizer.from_file(str(qwen_tokenizer_json()))
     warmup(tok, MODEL_VOCAB)
     vocab = vocab_for(tok, MODEL_VOCAB)
-    print(f"cores {os.cpu_count()}, torch threads {torch.get_num_threads()}")
-    for rows in args.rows:
+    usable = len(os.sched_getaffinity(0))
+    print(f"cores {os.cpu_count()} ({usable} usable), torch threads {torch.get_num_threads()}")
+    if args.positions:
+        string_positions(tok, vocab)
+        return
+    for pool, rows in [(p, r) for p in args.pool for r in args.rows]:
+        backend._EXECUTOR = llguidance.LLExecutor(num_threads=pool) if pool else None
         run(tok, vocab, rows, 10, args.max_tokens, False, args.sampled)  # warm: llguidance's lexer caches
         r = run(tok, vocab, rows, args.steps, args.max_tokens, args.profile, args.sampled)
         print(
-            f"rows {rows:3d} max_tokens {args.max_tokens}: fill_bitmasks {r['fill_bitmasks']:.3f} ms/step "
+            f"pool {pool or 'default'} rows {rows:3d} max_tokens {args.max_tokens}: "
+            f"fill_bitmasks {r['fill_bitmasks']:.3f} ms/step "
             f"({r['fill_bitmasks'] / rows * 1e3:.0f} us/row) | llguidance rows {r['ll_rows']:.3f} ms, "
             f"executor {r['ll_executor']:.3f} ms | narrow {r['narrow']:.3f} ms "
             f"({r['narrowed']} rows narrowed)"
