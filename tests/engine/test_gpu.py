@@ -361,8 +361,8 @@ def test_speculation_verifies_in_batch_graphs(ckpt):
     run the prefill attention where plain decoding runs the decode attention). The target is its own
     draft, so that proposals are accepted (this random model's replies repeat no n-gram of the
     prompts: an H100 run with prompt lookup accepted none)."""
-    from tests.engine.test_batch_graphs import count_verifications
     from tests.engine.test_speculative import copy_prompts
+    from tests.runner.test_batch_graphs import count_verifications
 
     torch.backends.cuda.matmul.allow_tf32 = False
     ps = copy_prompts(1)

@@ -92,9 +92,18 @@ def _prompts(llm) -> list[list[int]]:
     ]
 
 
+@pytest.fixture
+def no_tf32():
+    """float32 products in full float32 for the test (restored after: torch's matmul settings are
+    properties of its backend module, which pytest's monkeypatch cannot put back)."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_embedded_model_matches_hf(gguf, dtype, monkeypatch):
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+def test_embedded_model_matches_hf(gguf, dtype, no_tf32):
     llm = LLM(str(gguf), dtype=str(dtype).removeprefix("torch."), max_model_len=2048)
     ps = [list(p) for p in _prompts(llm)]
     greedy = SamplingParams(temperature=0.0, max_tokens=NEW)
