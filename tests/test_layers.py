@@ -78,3 +78,33 @@ def test_package_imports_only_the_layers_below(package):
         if extra:
             wrong[str(path.relative_to(ROOT))] = sorted(extra)
     assert not wrong, f"imports against the layering: {wrong}"
+
+
+def _module_exists(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def imported_modules(tree: ast.AST) -> set[str]:
+    """First-party modules named by absolute imports (function bodies and TYPE_CHECKING included)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return {n for n in names if n.split(".")[0] in FIRST_PARTY}
+
+
+def test_every_first_party_import_names_a_module_that_exists():
+    """Imports that only GPU runs or optional paths execute still name real modules (a test that
+    imported a helper from the folder it had left failed only on the GPU)."""
+    missing = {}
+    for top in sorted(FIRST_PARTY):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            gone = sorted(
+                m for m in imported_modules(ast.parse(path.read_text(), str(path))) if not _module_exists(m)
+            )
+            if gone:
+                missing[str(path.relative_to(ROOT))] = gone
+    assert not missing, f"imports of modules that do not exist: {missing}"
