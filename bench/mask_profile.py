@@ -1,13 +1,13 @@
 """Host mask filling for G1 on the CPU: the engine's per-step `GrammarConstraint.fill_bitmasks` over
 `rows` requests that each write a valid G1 tool call (Qwen2.5 vocabulary, real tokenizer), and its
-parts timed apart: llguidance's masks (row by row, and on its LLExecutor), the budget narrowing, and
+parts timed apart: llguidance's masks computed again (row by row), the budget narrowing, and
 the Python around them. A row whose call ended starts a new request (continuous batching), so the
 rows stay at different places in their calls.
 
     python -m bench.mask_profile --rows 16 64 --steps 200 [--max-tokens 512] [--profile] [--pool 4 16]
 
---pool N...: llguidance's thread pool with N threads in turn (default: its own size, most of the cores),
-to see how a host's cores share a step's rows.
+--pool N...: the step's rows on llguidance's LLExecutor with N threads instead (0: the engine's own fill,
+row by row), to see whether a host's cores share them.
 """
 
 from __future__ import annotations
@@ -129,7 +129,6 @@ def timed(fn, *args) -> float:
 def run(tok, vocab, rows: int, steps: int, max_tokens: int, profile: bool, sampled: bool) -> dict:
     from grammar.api import build_constraint
     from grammar.constraint import GrammarConstraint
-    from grammar.llguidance_backend import LLGuidanceMatcher
 
     narrow_rows = getattr(GrammarConstraint, "narrow_rows", None) or _narrow_each
     factory = build_constraint(
@@ -137,7 +136,7 @@ def run(tok, vocab, rows: int, steps: int, max_tokens: int, profile: bool, sampl
     ).wait()
     batch = Batch(factory, None if sampled else call_tokens(tok, vocab), rows, max_tokens)
     bitmask = torch.empty(rows, vocab.mask_words, dtype=torch.int32)
-    parts = {"fill_bitmasks": 0.0, "ll_rows": 0.0, "ll_executor": 0.0, "narrow": 0.0, "narrowed": 0}
+    parts = {"fill_bitmasks": 0.0, "ll_rows": 0.0, "narrow": 0.0, "narrowed": 0}
     prof = cProfile.Profile() if profile else None
     for _ in range(steps):
         items = batch.items()
@@ -156,7 +155,6 @@ def run(tok, vocab, rows: int, steps: int, max_tokens: int, profile: bool, sampl
         for r, i in m:
             r.m.unsafe_compute_mask_ptr(base + i * stride, stride)
         parts["ll_rows"] += time.perf_counter() - t0
-        parts["ll_executor"] += timed(LLGuidanceMatcher.fill_masks, bitmask, m)
         t0 = time.perf_counter()
         before = sum(c.restricted_steps for c, _, _ in items)
         narrow_rows(bitmask, items)
@@ -198,6 +196,19 @@ def string_positions(tok, vocab, max_length: int = 60, repeats: int = 4) -> None
         print(f"string maxLength {max_length}, characters {lo:2d}-{lo + 4:2d} written: mask {us:6.0f} us")
 
 
+def _on_executor(threads: int):
+    """A fill_masks that computes a step's rows on llguidance's LLExecutor (its thread pool)."""
+    import llguidance
+
+    pool = llguidance.LLExecutor(num_threads=threads)
+
+    def fill(bitmask: torch.Tensor, rows: list) -> None:
+        base, stride = bitmask.data_ptr(), bitmask.shape[1] * 4
+        pool.unsafe_compute_mask_ptr([(r.m, i) for r, i in rows], base, stride, bitmask.shape[0])
+
+    return fill
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[16, 64])
@@ -206,9 +217,8 @@ def main() -> None:
     ap.add_argument("--sampled", action="store_true", help="tokens drawn uniformly from each mask")
     ap.add_argument("--profile", action="store_true", help="cProfile the fill_bitmasks calls")
     ap.add_argument("--positions", action="store_true", help="one row's mask time along a bounded string")
-    ap.add_argument("--pool", type=int, nargs="+", default=[0], help="llguidance pool sizes (0: its default)")
+    ap.add_argument("--pool", type=int, nargs="+", default=[0], help="LLExecutor sizes (0: row by row)")
     args = ap.parse_args()
-    import llguidance
     from tokenizers import Tokenizer
 
     import grammar.llguidance_backend as backend
@@ -224,15 +234,16 @@ def main() -> None:
     if args.positions:
         string_positions(tok, vocab)
         return
+    engine_fill = backend.LLGuidanceMatcher.fill_masks
     for pool, rows in [(p, r) for p in args.pool for r in args.rows]:
-        backend._EXECUTOR = llguidance.LLExecutor(num_threads=pool) if pool else None
+        backend.LLGuidanceMatcher.fill_masks = staticmethod(_on_executor(pool) if pool else engine_fill)
         run(tok, vocab, rows, 10, args.max_tokens, False, args.sampled)  # warm: llguidance's lexer caches
         r = run(tok, vocab, rows, args.steps, args.max_tokens, args.profile, args.sampled)
         print(
-            f"pool {pool or 'default'} rows {rows:3d} max_tokens {args.max_tokens}: "
+            f"{f'LLExecutor({pool})' if pool else 'row by row'} rows {rows:3d} max_tokens {args.max_tokens}: "
             f"fill_bitmasks {r['fill_bitmasks']:.3f} ms/step "
-            f"({r['fill_bitmasks'] / rows * 1e3:.0f} us/row) | llguidance rows {r['ll_rows']:.3f} ms, "
-            f"executor {r['ll_executor']:.3f} ms | narrow {r['narrow']:.3f} ms "
+            f"({r['fill_bitmasks'] / rows * 1e3:.0f} us/row) | llguidance rows again {r['ll_rows']:.3f} ms "
+            f"| narrow {r['narrow']:.3f} ms "
             f"({r['narrowed']} rows narrowed)"
         )
 

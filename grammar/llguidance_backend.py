@@ -32,17 +32,6 @@ _STRING_CHAR = r'[^"\\\x00-\x1F\x7F-\x9F]'
 SLICES = [f"{_STRING_CHAR}{{1,{n}}}" for n in (2, 5, 10, 20, 40)] + [f"{_STRING_CHAR}+", f"{TEXT_CHAR}+"]
 
 
-_EXECUTOR: llguidance.LLExecutor | None = None
-
-
-def _executor() -> llguidance.LLExecutor:
-    """One pool for the process (llguidance's default size: most of the cores, at most 32)."""
-    global _EXECUTOR
-    if _EXECUTOR is None:
-        _EXECUTOR = llguidance.LLExecutor()
-    return _EXECUTOR
-
-
 class LLGuidanceMatcher:
     __slots__ = ("m", "eos_id")
 
@@ -73,15 +62,14 @@ class LLGuidanceMatcher:
 
     @staticmethod
     def fill_masks(bitmask: torch.Tensor, rows: list[tuple[LLGuidanceMatcher, int]]) -> None:
-        """fill_mask for many rows of one contiguous (batch, words) int32 CPU bitmask: the rows are
-        computed in parallel on llguidance's own thread pool (outside the GIL) when there are several."""
+        """fill_mask for many rows of one contiguous (batch, words) int32 CPU bitmask, row by row (each
+        call outside the GIL). Not on llguidance's LLExecutor: matchers deep-copied from one prototype
+        computed one at a time there too (CPU time equal to wall time on 2 and 16 cores), and the pool's
+        hand-offs cost more than they saved (docs/performance.md, 2026-12-07 session 10)."""
         assert bitmask.is_contiguous() and bitmask.dtype == torch.int32 and bitmask.device.type == "cpu"
         base, stride = bitmask.data_ptr(), bitmask.shape[1] * 4
-        if len(rows) > 1:
-            _executor().unsafe_compute_mask_ptr([(r.m, i) for r, i in rows], base, stride, bitmask.shape[0])
-        else:
-            for r, i in rows:
-                r.m.unsafe_compute_mask_ptr(base + i * stride, stride)
+        for r, i in rows:
+            r.m.unsafe_compute_mask_ptr(base + i * stride, stride)
         for r, i in rows:
             if r.m.is_error():
                 r._end(bitmask[i])
