@@ -22,7 +22,8 @@ packed q (W_hi + W_lo), and x likewise into hi and lo rows. `product` then sums 
 rounding of each output (2^-8 relative), which these kernels cannot hand back in float32. SPLIT_ENV
 picks a cheaper variant for measurement (bench.cpu1). From WIDE_M rows (prefill chunks) the packed kernel
 costs more than dequantizing: the weight is rebuilt in float32 from q kept two to a byte (N x K / 2 bytes
-more) and multiplied by x in float32, x unrounded (the float32 path's exactness, not the kernel's).
+more; one loop compiled by torch.compile, the same bits as the eager form) and multiplied by x in float32,
+x unrounded (the float32 path's exactness, not the kernel's).
 
 The quantized form hangs on the Parameter itself (attribute QUANT) and its float storage is released
 (the parameter keeps its shape as a zero-stride view, so shape checks and the module tree are
@@ -36,10 +37,14 @@ the exact path.
 
 from __future__ import annotations
 
+import logging
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
+
+log = logging.getLogger("chatloom.kernels")
 
 MODES = ("int8", "int4")
 GROUP = 32  # int4: input columns sharing one (scale, zero)
@@ -208,7 +213,7 @@ def product(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None) 
     """x (M, K) @ dequantize(qw)^T + bias, on torch's packed kernels (int8 from DYNAMIC_M rows: its int8
     GEMM), in x's dtype."""
     if qw.mode == "int4" and qw.nibbles is not None and x.shape[0] >= WIDE_M:
-        y = torch.nn.functional.linear(x.float(), _dense_int4(qw)).to(x.dtype)
+        y = torch.nn.functional.linear(x.float(), _dense_wide(qw)).to(x.dtype)
         return y if bias is None else y.add_(bias)
     if _dynamic(x, qw):
         y = _int8_dynamic(x, qw).to(x.dtype)
@@ -250,6 +255,42 @@ def _dense_int4(qw: QuantWeight) -> torch.Tensor:
     q = torch.stack([qw.nibbles & 15, qw.nibbles >> 4], dim=-1).reshape(n, k)
     w = _int4_weight(q, qw.scales)
     return w if qw.lo_scales is None else w.add_(_int4_weight(q, qw.lo_scales))
+
+
+def _fused_dense(nibbles: torch.Tensor, scales: torch.Tensor, lo_scales: torch.Tensor | None) -> torch.Tensor:
+    """_dense_int4's arithmetic written for torch.compile to fuse into one loop over the nibbles (the
+    eager form makes ~10 passes over (N, K) temporaries): the same operations in the same order, so
+    the same float32 bits ((q - 8) * scale is exact in float32; only the additions round)."""
+    n = nibbles.shape[0]
+    q = torch.stack([nibbles & 15, nibbles >> 4], dim=-1).reshape(n, -1, GROUP).float() - 8  # (N, K / G, G)
+    w = q * scales[..., 0].t().float()[..., None] + scales[..., 1].t().float()[..., None]
+    if lo_scales is not None:
+        w = w + (q * lo_scales[..., 0].t().float()[..., None] + lo_scales[..., 1].t().float()[..., None])
+    return w.reshape(n, -1)
+
+
+_compiled_dense = None  # torch.compile(_fused_dense), built on first use
+_compile_failed = False  # torch.compile could not build it here: the eager form from then on
+
+
+def _dense_wide(qw: QuantWeight) -> torch.Tensor:
+    """The float32 weight of a wide int4 product: the compiled _fused_dense (compiled on first use, a
+    few seconds), _dense_int4 where torch.compile cannot build it; inside a compiled step the
+    enclosing graph takes _fused_dense itself."""
+    global _compiled_dense, _compile_failed
+    if torch.compiler.is_compiling():
+        return _fused_dense(qw.nibbles, qw.scales, qw.lo_scales)
+    if not _compile_failed:
+        try:
+            with warnings.catch_warnings():  # inductor's own use of deprecated torch.jit APIs while compiling
+                warnings.simplefilter("ignore", DeprecationWarning)
+                if _compiled_dense is None:
+                    _compiled_dense = torch.compile(_fused_dense)
+                return _compiled_dense(qw.nibbles, qw.scales, qw.lo_scales)
+        except Exception as e:  # e.g. no C++ compiler for inductor: the eager form gives the same bits
+            log.warning("int4 dequantization stays eager (torch.compile failed: %s)", str(e).splitlines()[0])
+            _compile_failed = True
+    return _dense_int4(qw)
 
 
 def _int4_split(x: torch.Tensor, xb: torch.Tensor, qw: QuantWeight) -> torch.Tensor:

@@ -28,3 +28,13 @@ def test_wide_product_is_float32_exact():
     assert got.dtype == torch.float32 and ((got.double() - exact).abs() <= bound).all()
     narrow = product(x[: WIDE_M - 1], qw, b)  # the packed kernel: bfloat16 outputs
     assert ((narrow.double() - exact[: WIDE_M - 1]).abs() > bound[: WIDE_M - 1]).any()
+
+
+def test_compiled_dequantization_gives_the_same_bits():
+    """The wide products' weight comes from one compiled loop (_fused_dense): bit for bit the eager
+    _dense_int4, split scales or not."""
+    for split, seed in (("both", 30), ("none", 31)):
+        w, _ = _q41_weight(64, 4 * quant_linear.GROUP, seed=seed)
+        qw = quantize(w, "int4", split=split)
+        assert torch.equal(quant_linear._dense_wide(qw), quant_linear._dense_int4(qw))
+    assert not quant_linear._compile_failed  # it compiled here (CI has the C++ compiler inductor needs)
