@@ -70,7 +70,6 @@ class LLGuidanceMatcher:
         base, stride = bitmask.data_ptr(), bitmask.shape[1] * 4
         for r, i in rows:
             r.m.unsafe_compute_mask_ptr(base + i * stride, stride)
-        for r, i in rows:
             if r.m.is_error():
                 r._end(bitmask[i])
 

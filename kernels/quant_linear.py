@@ -249,48 +249,35 @@ def _int8_dynamic(x: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
     return acc.float() * sx[:, None] * qw.scales.float()
 
 
-def _dense_int4(qw: QuantWeight) -> torch.Tensor:
-    """dequantize(qw) from the kept nibbles: (N, K) float32, W_hi + W_lo where the scales are split."""
-    n, k = qw.shape
-    q = torch.stack([qw.nibbles & 15, qw.nibbles >> 4], dim=-1).reshape(n, k)
-    w = _int4_weight(q, qw.scales)
-    return w if qw.lo_scales is None else w.add_(_int4_weight(q, qw.lo_scales))
-
-
-def _fused_dense(nibbles: torch.Tensor, scales: torch.Tensor, lo_scales: torch.Tensor | None) -> torch.Tensor:
-    """_dense_int4's arithmetic written for torch.compile to fuse into one loop over the nibbles (the
-    eager form makes ~10 passes over (N, K) temporaries): the same operations in the same order, so
-    the same float32 bits ((q - 8) * scale is exact in float32; only the additions round)."""
+def _dense_int4(nibbles: torch.Tensor, scales: torch.Tensor, lo_scales: torch.Tensor | None) -> torch.Tensor:
+    """dequantize's weight from the kept nibbles (N, K / 2): (N, K) float32, W_hi + W_lo where the scales
+    are split. Pure tensor work, so torch.compile fuses its ~10 passes into one loop (_dense_wide)."""
     n = nibbles.shape[0]
-    q = torch.stack([nibbles & 15, nibbles >> 4], dim=-1).reshape(n, -1, GROUP).float() - 8  # (N, K / G, G)
-    w = q * scales[..., 0].t().float()[..., None] + scales[..., 1].t().float()[..., None]
-    if lo_scales is not None:
-        w = w + (q * lo_scales[..., 0].t().float()[..., None] + lo_scales[..., 1].t().float()[..., None])
-    return w.reshape(n, -1)
+    q = torch.stack([nibbles & 15, nibbles >> 4], dim=-1).reshape(n, -1)
+    w = _int4_weight(q, scales)
+    return w if lo_scales is None else w.add_(_int4_weight(q, lo_scales))
 
 
-_compiled_dense = None  # torch.compile(_fused_dense), built on first use
+_compiled_dense = None  # torch.compile(_dense_int4), built on first use
 _compile_failed = False  # torch.compile could not build it here: the eager form from then on
 
 
 def _dense_wide(qw: QuantWeight) -> torch.Tensor:
-    """The float32 weight of a wide int4 product: the compiled _fused_dense (compiled on first use, a
-    few seconds), _dense_int4 where torch.compile cannot build it; inside a compiled step the
-    enclosing graph takes _fused_dense itself."""
+    """The float32 weight of a wide int4 product: _dense_int4 compiled (on first use, a few seconds;
+    (q - 8) * scale is exact in float32, so fusing leaves the bits as they are), eager where
+    torch.compile cannot build it."""
     global _compiled_dense, _compile_failed
-    if torch.compiler.is_compiling():
-        return _fused_dense(qw.nibbles, qw.scales, qw.lo_scales)
     if not _compile_failed:
         try:
             with warnings.catch_warnings():  # inductor's own use of deprecated torch.jit APIs while compiling
                 warnings.simplefilter("ignore", DeprecationWarning)
                 if _compiled_dense is None:
-                    _compiled_dense = torch.compile(_fused_dense)
+                    _compiled_dense = torch.compile(_dense_int4)
                 return _compiled_dense(qw.nibbles, qw.scales, qw.lo_scales)
         except Exception as e:  # e.g. no C++ compiler for inductor: the eager form gives the same bits
             log.warning("int4 dequantization stays eager (torch.compile failed: %s)", str(e).splitlines()[0])
             _compile_failed = True
-    return _dense_int4(qw)
+    return _dense_int4(qw.nibbles, qw.scales, qw.lo_scales)
 
 
 def _int4_split(x: torch.Tensor, xb: torch.Tensor, qw: QuantWeight) -> torch.Tensor:

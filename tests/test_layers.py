@@ -42,24 +42,30 @@ def _type_checking(node: ast.If) -> bool:
     )
 
 
-def imported_packages(tree: ast.AST) -> set[str]:
-    """First-party top-level packages a module imports at run time (function bodies included)."""
+def imported_modules(tree: ast.AST, type_checking: bool = True) -> set[str]:
+    """First-party modules named by absolute imports, function bodies included (and the imports under
+    `if TYPE_CHECKING:` unless type_checking is False)."""
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _type_checking(node):
+        if not type_checking and isinstance(node, ast.If) and _type_checking(node):
             for child in node.orelse:
                 visit(child)
             return
         if isinstance(node, ast.Import):
-            found.update(alias.name.split(".")[0] for alias in node.names)
+            found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.add(node.module.split(".")[0])
+            found.add(node.module)
         for child in ast.iter_child_nodes(node):
             visit(child)
 
     visit(tree)
-    return found & FIRST_PARTY
+    return {n for n in found if n.split(".")[0] in FIRST_PARTY}
+
+
+def imported_packages(tree: ast.AST) -> set[str]:
+    """First-party top-level packages a module imports at run time (function bodies included)."""
+    return {n.split(".")[0] for n in imported_modules(tree, type_checking=False)}
 
 
 def test_the_rule_sees_imports_in_functions_and_skips_type_checking():
@@ -83,17 +89,6 @@ def test_package_imports_only_the_layers_below(package):
 def _module_exists(name: str) -> bool:
     path = ROOT.joinpath(*name.split("."))
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
-
-
-def imported_modules(tree: ast.AST) -> set[str]:
-    """First-party modules named by absolute imports (function bodies and TYPE_CHECKING included)."""
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module)
-    return {n for n in names if n.split(".")[0] in FIRST_PARTY}
 
 
 def test_every_first_party_import_names_a_module_that_exists():

@@ -14,7 +14,7 @@ def test_nibbles_hold_the_packed_weight():
     w, _ = _q41_weight(96, 6 * quant_linear.GROUP, seed=20)
     qw = quantize(w, "int4", split="both")
     assert qw.nibbles.shape == (96, 3 * quant_linear.GROUP) and qw.nibbles.dtype == torch.uint8
-    assert torch.equal(quant_linear._dense_int4(qw), dequantize(qw))
+    assert torch.equal(quant_linear._dense_int4(qw.nibbles, qw.scales, qw.lo_scales), dequantize(qw))
 
 
 def test_wide_product_is_float32_exact():
@@ -31,10 +31,12 @@ def test_wide_product_is_float32_exact():
 
 
 def test_compiled_dequantization_gives_the_same_bits():
-    """The wide products' weight comes from one compiled loop (_fused_dense): bit for bit the eager
-    _dense_int4, split scales or not."""
+    """The wide products' weight comes from _dense_int4 compiled into one loop: bit for bit the eager
+    form, split scales or not."""
     for split, seed in (("both", 30), ("none", 31)):
         w, _ = _q41_weight(64, 4 * quant_linear.GROUP, seed=seed)
         qw = quantize(w, "int4", split=split)
-        assert torch.equal(quant_linear._dense_wide(qw), quant_linear._dense_int4(qw))
+        assert torch.equal(
+            quant_linear._dense_wide(qw), quant_linear._dense_int4(qw.nibbles, qw.scales, qw.lo_scales)
+        )
     assert not quant_linear._compile_failed  # it compiled here (CI has the C++ compiler inductor needs)
