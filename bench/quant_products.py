@@ -1,6 +1,7 @@
 """`python -m bench.quant_products`: one int8 product of SmolLM2's shapes at 1-32 rows, on the packed
-weight-only kernel and on the int8 GEMM that kernels.quant_linear uses from DYNAMIC_M rows; microseconds
-a call (best of the repeats), for docs/performance.md."""
+weight-only kernel and on the int8 GEMM that kernels.quant_linear uses from DYNAMIC_M rows; then the
+float32 weight an int4 product of WIDE_M rows or more rebuilds from its nibbles, eager and compiled;
+microseconds a call (best of the repeats), for docs/performance.md."""
 
 from __future__ import annotations
 
@@ -42,6 +43,22 @@ def main(argv: list[str] | None = None) -> int:
             packed = _best_us(lambda x=x, qw=qw: pack(x.bfloat16(), qw.data, qw.scales), args.repeats, calls)
             gemm = _best_us(lambda x=x, qw=qw: Q._int8_dynamic(x, qw), args.repeats, calls)
             print(f"{n:>6} x {k:<5} {m:>3} rows: {packed:8.0f} / {gemm:8.0f}")
+    print("int4 wide products' weight from its nibbles (split scales): us a call, eager / compiled")
+    for n, k in ((1536, 576), (576, 1536)):
+        # a weight on GGUF Q4_1's grid (per block of 32: fp16 d and m, q in 0..15, both ends used), as
+        # SmolLM2's are: quantize keeps it exact with split scales
+        q = torch.randint(0, 16, (n, k // 32, 32)).float()
+        q[..., 0], q[..., 1] = 0, 15
+        d = (torch.rand(n, k // 32, 1) * 0.02 + 1e-3).half().float()
+        m = (-torch.rand(n, k // 32, 1) * 0.1).half().float()
+        qw = Q.quantize((d * q + m).reshape(n, k), "int4", split="both")
+        assert qw.lo_scales is not None
+        eager = _best_us(lambda qw=qw: Q._dense_int4(qw.nibbles, qw.scales, qw.lo_scales), args.repeats, 20)
+        fused = _best_us(lambda qw=qw: Q._dense_wide(qw), args.repeats, 20)
+        print(
+            f"{n:>6} x {k:<5}: {eager:8.0f} / {fused:8.0f}"
+            + (" (compile failed)" if Q._compile_failed else "")
+        )
     return 0
 
 
