@@ -34,14 +34,17 @@ def main(argv: list[str] | None = None) -> int:
     pack = torch.ops.aten._weight_int8pack_mm
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    print(f"int8 products, {args.threads} threads: us a call, packed kernel / int8 GEMM")
+    gemm_name = Q.int8_gemm() or "none here"
+    print(f"int8 products, {args.threads} threads: us a call, packed kernel / int8 GEMM ({gemm_name})")
     for n, k in ((1536, 576), (576, 1536), (49152, 576)):
         qw = Q.quantize(torch.randn(n, k), "int8")
+        qw.refine = Q.REFINE_TOP if n > 10000 else 0  # the logits: x in one part on fbgemm
         calls = 5 if n > 10000 else 100
         for m in args.rows:
             x = torch.randn(m, k)
             packed = _best_us(lambda x=x, qw=qw: pack(x.bfloat16(), qw.data, qw.scales), args.repeats, calls)
-            gemm = _best_us(lambda x=x, qw=qw: Q._int8_dynamic(x, qw), args.repeats, calls)
+            dyn = lambda x=x, qw=qw: Q._int8_dynamic(x, qw)  # noqa: E731
+            gemm = _best_us(dyn, args.repeats, calls) if Q.int8_gemm() else 0.0
             print(f"{n:>6} x {k:<5} {m:>3} rows: {packed:8.0f} / {gemm:8.0f}")
     print("int4 wide products' weight from its nibbles (split scales): us a call, eager / compiled")
     for n, k in ((1536, 576), (576, 1536)):

@@ -3,7 +3,8 @@
 A decode step at a few rows reads every weight once: on the CPU it is bound by memory traffic, and
 float32 weights are 4 (int8) to 7 (int4) times the bytes. Each projection's weight is quantized once at
 load and its product runs on torch's own packed CPU kernels:
-- int8: symmetric, one scale per output row; `aten._weight_int8pack_mm`.
+- int8: symmetric, one scale per output row; `aten._weight_int8pack_mm`, and from DYNAMIC_M rows an int8
+  GEMM on x rounded to integers (`int8_gemm`: oneDNN's where the CPU has VNNI, else fbgemm's AVX2 one).
 - int4: asymmetric, one (scale, zero) per output row and group of GROUP input columns;
   `aten._convert_weight_to_int4pack_for_cpu` packs it once, `aten._weight_int4pack_mm_for_cpu` multiplies.
 Both kernels take bfloat16 activations and scales on their vectorized (AVX-512) path (float32 inputs fall
@@ -37,6 +38,7 @@ the exact path.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import warnings
@@ -60,9 +62,11 @@ SPLITS = ("both", "scales", "x", "none")
 # and run one float32 GEMM: the packed kernel's cost grows with the rows (three times the rows where x and
 # the scales are split), a GEMM's per row is a small fraction of a weight's dequantization
 WIDE_M = 64
-# int8 products of this many rows and more (C1's decode batches, prefill chunks) quantize x per row to int8
-# and run torch's int8 x int8 GEMM (`torch._int_mm`, int32 sums): the weight-only packed kernel costs
-# about the same per row as for one row, the int8 GEMM a fraction of it from 8 rows (docs/performance.md)
+# int8 products of this many rows and more run as int4's wide ones where the int8 GEMM is fbgemm's
+WIDE_INT8_M = 128
+# int8 products of this many rows and more (C1's decode batches, prefill chunks) quantize x to integers and
+# run an int8 GEMM (`int8_gemm`): the weight-only packed kernel costs about the same per row as for one row,
+# the int8 GEMM a fraction of it from 8 rows (docs/performance.md)
 DYNAMIC_M = 8
 
 
@@ -78,6 +82,7 @@ class QuantWeight:
     split_x: bool = False  # int4 on a Q4_1 grid: x goes in as bfloat16 hi and lo rows
     rows: tuple[torch.Tensor, torch.Tensor] | None = None  # Q8_0 grid: q (N, K) int8, d (N, K / 32) fp16
     nibbles: torch.Tensor | None = None  # int4: (N, K / 2) uint8, q two to a byte, for wide products
+    gemm_packed: object = None  # int8 on the "fbgemm" GEMM: its packed weight, built on first use
 
 
 def quantize_int8(
@@ -212,8 +217,9 @@ def quantize(w: torch.Tensor, mode: str, split: str | None = None) -> QuantWeigh
 def product(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, K) @ dequantize(qw)^T + bias, on torch's packed kernels (int8 from DYNAMIC_M rows: its int8
     GEMM), in x's dtype."""
-    if qw.mode == "int4" and qw.nibbles is not None and x.shape[0] >= WIDE_M:
-        y = torch.nn.functional.linear(x.float(), _dense_wide(qw)).to(x.dtype)
+    if _dense(x, qw):
+        w = _dense_wide(qw) if qw.mode == "int4" else dequantize(qw)
+        y = torch.nn.functional.linear(x.float(), w).to(x.dtype)
         return y if bias is None else y.add_(bias)
     if _dynamic(x, qw):
         y = _int8_dynamic(x, qw).to(x.dtype)
@@ -236,17 +242,94 @@ def product(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None) 
     return y if bias is None else y.add_(bias)
 
 
+@functools.cache
+def int8_gemm() -> str:
+    """The int8 x int8 GEMM of wide int8 products on this CPU:
+    - "int_mm": `torch._int_mm` (x rounded to int8 per row), where the CPU has VNNI: oneDNN's kernel.
+      Without VNNI torch runs it as a scalar loop, 12-50x slower than the weight-only kernel (AVX2 EPYC,
+      docs/performance.md).
+    - "fbgemm": torch's x86 quantized engine (AVX2 kernels), which rounds x to 7 bits over the batch
+      (`torch.quantize_per_tensor_dynamic`, reduce_range: 8-bit pairs would saturate AVX2's 16-bit sums).
+      x goes in scaled per row to [-1, 1], and its rounding error again, scaled likewise (`_fbgemm_parts`):
+      two GEMMs whose x together is ~14 bits, still ~5x faster than the weight-only kernel at 16 rows.
+    - "": neither (e.g. an ARM CPU): the weight-only kernel at every width."""
+    if torch.cpu._is_vnni_supported():
+        return "int_mm"
+    engine = torch.backends.quantized.engine
+    if engine in ("x86", "fbgemm") and hasattr(torch.ops.quantized, "linear_dynamic"):
+        return "fbgemm"
+    return ""
+
+
+def _dense(x: torch.Tensor, qw: QuantWeight) -> bool:
+    """Whether the product of x runs in float32 on the dequantized weight, x unrounded: int4 from WIDE_M
+    rows (its packed kernel costs per row), int8 from WIDE_INT8_M where the int8 GEMM is fbgemm's (its
+    two passes cost as much as float32 at 64 rows and 1.3-1.9x from 256 on the AVX2 EPYC); not the
+    logits, whose rows are the batch's sequences and which keep their refine."""
+    if qw.mode == "int4":
+        return qw.nibbles is not None and x.shape[0] >= WIDE_M
+    return x.shape[0] >= WIDE_INT8_M and int8_gemm() == "fbgemm" and not qw.refine
+
+
 def _dynamic(x: torch.Tensor, qw: QuantWeight) -> bool:
-    """Whether the int8 product of x runs on the int8 GEMM (x rounded to int8 per row)."""
-    return qw.mode == "int8" and x.shape[0] >= DYNAMIC_M and x.shape[1] % 8 == 0
+    """Whether the int8 product of x runs on the int8 GEMM (x rounded to integers, `int8_gemm`)."""
+    gemm = int8_gemm()
+    # fbgemm's 7-bit logits GEMM beats the weight-only kernel from one row (2.5x on the AVX2 EPYC)
+    rows = 1 if gemm == "fbgemm" and qw.refine else DYNAMIC_M
+    wide = qw.mode == "int8" and x.shape[0] >= rows and x.shape[1] % 8 == 0 and gemm != ""
+    return wide and not _dense(x, qw)
+
+
+def _fbgemm_parts(x: torch.Tensor, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """x (M, K) -> n (1 or 2) of (part (M, K) float32 with rows in [-1, 1], scale (M, 1)): the first part
+    is x, the second the first's rounding error on the GEMM; x == sum(rounded part * scale) up to the
+    last part's rounding."""
+    s1 = x.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-30)
+    x1 = x.float() / s1
+    if n == 1:
+        return [(x1, s1)]
+    r = (x1 - _fbgemm_rounded(x1)).mul_(s1)
+    s2 = r.abs().amax(dim=1, keepdim=True).clamp(min=1e-30)
+    return [(x1, s1), (r.div_(s2), s2)]
+
+
+def _fbgemm_count(qw: QuantWeight) -> int:
+    """How many parts x goes in as: one for the logits (their leading values are recomputed in float32
+    from x itself, so the 7-bit x only picks which), two elsewhere."""
+    return 1 if qw.refine else 2
+
+
+def _fbgemm_rounded(xn: torch.Tensor) -> torch.Tensor:
+    """xn as the fbgemm GEMM rounds it (7 bits over the whole tensor), in float32."""
+    with warnings.catch_warnings():  # torch marks quantized tensors deprecated; the ops are current
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.quantize_per_tensor_dynamic(xn, torch.quint8, True).dequantize()
 
 
 def _int8_dynamic(x: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
-    """x (M, K) @ (q * scale)^T with x rounded to int8 per row (quantize_int8, float32 scales): (M, N)
-    float32."""
+    """x (M, K) @ (q * scale)^T with x rounded to integers on `int8_gemm`: (M, N) float32."""
+    if int8_gemm() == "fbgemm":
+        if qw.gemm_packed is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                zero = torch.zeros(qw.shape[0], dtype=torch.long)
+                w = torch._make_per_channel_quantized_tensor(qw.data, qw.scales.double(), zero, 0)
+                qw.gemm_packed = torch.ops.quantized.linear_prepack(w, None)
+        parts = _fbgemm_parts(x, _fbgemm_count(qw))
+        ys = [torch.ops.quantized.linear_dynamic(p, qw.gemm_packed, True).mul_(s) for p, s in parts]
+        return ys[0] if len(ys) == 1 else ys[0].add_(ys[1])
     xq, sx = quantize_int8(x, torch.float32)  # (M, K) int8, (M,)
     acc = torch._int_mm(xq, qw.data.t())  # (M, N) int32
     return acc.float() * sx[:, None] * qw.scales.float()
+
+
+def _int8_dynamic_x(x: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
+    """x (M, K) as `_int8_dynamic` rounds it for qw, in float32 (the reference's x)."""
+    if int8_gemm() == "fbgemm":
+        parts = _fbgemm_parts(x, _fbgemm_count(qw))
+        return sum((_fbgemm_rounded(part) * s for part, s in parts), torch.zeros(()))
+    xq, sx = quantize_int8(x, torch.float32)
+    return xq.float() * sx[:, None]
 
 
 def _dense_int4(nibbles: torch.Tensor, scales: torch.Tensor, lo_scales: torch.Tensor | None) -> torch.Tensor:
@@ -299,10 +382,9 @@ def reference_product(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | Non
     """product's value in float32 from the dequantized weight (what the tests compare against); x as
     the kernel gets it (rounded to int8 per row on the int8 GEMM, else to bfloat16 unless it is split)."""
     if _dynamic(x, qw):
-        xq, sx = quantize_int8(x, torch.float32)
-        xr = xq.float() * sx[:, None]
+        xr = _int8_dynamic_x(x, qw)
     else:
-        xr = x.float() if qw.split_x else x.to(torch.bfloat16).float()
+        xr = x.float() if qw.split_x or _dense(x, qw) else x.to(torch.bfloat16).float()
     y = xr @ dequantize(qw).t()
     return (y if bias is None else y + bias.float()).to(x.dtype)
 

@@ -37,7 +37,7 @@ def test_int4_groups_round_trip():
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
-@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("m", [1, 5, 16, quant_linear.WIDE_M + 3, quant_linear.WIDE_INT8_M + 3])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_product_matches_reference(mode, m, with_bias):
     w = _rand(192, 2 * GROUP * 3, seed=2)
@@ -53,6 +53,31 @@ def test_product_matches_reference(mode, m, with_bias):
     exact = x @ w.t() + (b if b is not None else 0)
     tol = 0.02 if mode == "int8" else 0.15
     assert (got - exact).norm() <= tol * exact.norm()
+
+
+@pytest.mark.parametrize("gemm", ["int_mm", "fbgemm"])
+def test_int8_gemms_match_their_rounding_of_x(monkeypatch, gemm):
+    """Both int8 GEMMs on any host (int8_gemm picks one by the CPU): the product equals x as each rounds
+    it times the dequantized weight; fbgemm's second pass (x's rounding error) makes x ~14 bits, the
+    logits' single pass 7."""
+    if gemm == "fbgemm" and torch.backends.quantized.engine not in ("x86", "fbgemm"):
+        pytest.skip("torch's x86 quantized engine is not this CPU's")
+    monkeypatch.setattr(quant_linear, "int8_gemm", lambda: gemm)
+    w, x = _rand(192, 256, seed=6), _rand(16, 256, seed=7) * torch.linspace(0.01, 10, 16)[:, None]
+    qw = quantize(w, "int8")
+    exact = x @ dequantize(qw).t()
+    errs = []
+    for refine in (0, quant_linear.REFINE_TOP):  # a projection, then the logits
+        qw.refine = refine
+        got = quant_linear._int8_dynamic(x, qw)
+        want = quant_linear._int8_dynamic_x(x, qw) @ dequantize(qw).t()
+        assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+        # every row keeps its own relative precision, whatever its scale
+        errs.append(((got - exact).norm(dim=1) / exact.norm(dim=1)).max().item())
+    if gemm == "fbgemm":
+        assert errs[0] < 1e-3 and errs[1] < 0.03 and errs[0] < errs[1] / 10
+    else:
+        assert errs[0] == errs[1] and errs[0] < 0.01
 
 
 def test_int4_refuses_shapes_the_kernel_does_not_take():
