@@ -68,6 +68,9 @@ WIDE_INT8_M = 128
 # run an int8 GEMM (`int8_gemm`): the weight-only packed kernel costs about the same per row as for one row,
 # the int8 GEMM a fraction of it from 8 rows (docs/performance.md)
 DYNAMIC_M = 8
+# the same on fbgemm's GEMM: its two passes overtake the packed kernel between 16 and 32 rows
+# (bench.quant_products on the AVX2 EPYC); the logits' one pass from the first row (2-4.5x faster there)
+FBGEMM_M = 32
 
 
 @dataclass
@@ -274,8 +277,7 @@ def _dense(x: torch.Tensor, qw: QuantWeight) -> bool:
 def _dynamic(x: torch.Tensor, qw: QuantWeight) -> bool:
     """Whether the int8 product of x runs on the int8 GEMM (x rounded to integers, `int8_gemm`)."""
     gemm = int8_gemm()
-    # fbgemm's 7-bit logits GEMM beats the weight-only kernel from one row (2.5x on the AVX2 EPYC)
-    rows = 1 if gemm == "fbgemm" and qw.refine else DYNAMIC_M
+    rows = DYNAMIC_M if gemm != "fbgemm" else 1 if qw.refine else FBGEMM_M
     wide = qw.mode == "int8" and x.shape[0] >= rows and x.shape[1] % 8 == 0 and gemm != ""
     return wide and not _dense(x, qw)
 
