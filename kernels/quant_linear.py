@@ -254,7 +254,8 @@ def int8_gemm() -> str:
     - "fbgemm": torch's x86 quantized engine (AVX2 kernels), which rounds x to 7 bits over the batch
       (`torch.quantize_per_tensor_dynamic`, reduce_range: 8-bit pairs would saturate AVX2's 16-bit sums).
       x goes in scaled per row to [-1, 1], and its rounding error again, scaled likewise (`_fbgemm_parts`):
-      two GEMMs whose x together is ~14 bits, still ~5x faster than the weight-only kernel at 16 rows.
+      two GEMMs whose x together is ~14 bits, faster than the weight-only kernel from FBGEMM_M rows; the
+      logits take one (`_fbgemm_count`). Its packed weight is a second copy of q (N x K bytes).
     - "": neither (e.g. an ARM CPU): the weight-only kernel at every width."""
     if torch.cpu._is_vnni_supported():
         return "int_mm"
