@@ -1,5 +1,7 @@
-"""`python -m bench.quant_products`: one int8 product of SmolLM2's shapes at 1-32 rows, on the packed
-weight-only kernel and on the int8 GEMM that kernels.quant_linear uses from DYNAMIC_M rows; then the
+"""`python -m bench.quant_products`: one int8 product of SmolLM2's shapes at 1-32 rows (--rows), on the
+packed weight-only kernel, on each int8 GEMM kernels.quant_linear.int8_gemm can pick here (`_int_mm`
+runs on every CPU, as a scalar loop without VNNI; fbgemm's where torch's quantized engine is x86) and in
+float32 on the dequantized weight (quant_linear._route's choices); then the
 float32 weight an int4 product of WIDE_M rows or more rebuilds from its nibbles, eager and compiled;
 microseconds a call (best of the repeats), for docs/performance.md."""
 
@@ -34,18 +36,22 @@ def main(argv: list[str] | None = None) -> int:
     pack = torch.ops.aten._weight_int8pack_mm
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    gemm_name = Q.int8_gemm() or "none here"
-    print(f"int8 products, {args.threads} threads: us a call, packed kernel / int8 GEMM ({gemm_name})")
+    gemms = ["int_mm"] + (["fbgemm"] if Q.int8_gemm() == "fbgemm" else [])
+    print(
+        f"int8 products, {args.threads} threads, int8_gemm here: {Q.int8_gemm() or 'none'}; us a call: "
+        f"packed kernel / {' / '.join(gemms)} / float32 on the dequantized weight"
+    )
     for n, k in ((1536, 576), (576, 1536), (49152, 576)):
         qw = Q.quantize(torch.randn(n, k), "int8")
         qw.refine = Q.REFINE_TOP if n > 10000 else 0  # the logits: x in one part on fbgemm
-        calls = 5 if n > 10000 else 100
         for m in args.rows:
+            calls = max(1, (5 if n > 10000 else 100) * 32 // max(m, 32))
             x = torch.randn(m, k)
-            packed = _best_us(lambda x=x, qw=qw: pack(x.bfloat16(), qw.data, qw.scales), args.repeats, calls)
-            dyn = lambda x=x, qw=qw: Q._int8_dynamic(x, qw)  # noqa: E731
-            gemm = _best_us(dyn, args.repeats, calls) if Q.int8_gemm() else 0.0
-            print(f"{n:>6} x {k:<5} {m:>3} rows: {packed:8.0f} / {gemm:8.0f}")
+            timed = [lambda x=x, qw=qw: pack(x.bfloat16(), qw.data, qw.scales)]
+            timed += [lambda x=x, qw=qw, g=g: Q._int8_dynamic(x, qw, g) for g in gemms]
+            timed.append(lambda x=x, qw=qw: torch.nn.functional.linear(x, Q.dequantize(qw)))
+            us = " / ".join(f"{_best_us(f, args.repeats, calls):8.0f}" for f in timed)
+            print(f"{n:>6} x {k:<5} {m:>4} rows: {us}")
     print("int4 wide products' weight from its nibbles (split scales): us a call, eager / compiled")
     for n, k in ((1536, 576), (576, 1536)):
         # a weight on GGUF Q4_1's grid (per block of 32: fp16 d and m, q in 0..15, both ends used), as

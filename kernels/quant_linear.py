@@ -69,7 +69,7 @@ WIDE_INT8_M = 128
 # the int8 GEMM a fraction of it from 8 rows (docs/performance.md)
 DYNAMIC_M = 8
 # the same on fbgemm's GEMM: its two passes overtake the packed kernel between 16 and 32 rows
-# (bench.quant_products on the AVX2 EPYC); the logits' one pass from the first row (2-4.5x faster there)
+# (bench.quant_products on the AVX2 EPYC); the logits' one pass from the first row (2-5x faster there)
 FBGEMM_M = 32
 
 
@@ -220,11 +220,12 @@ def quantize(w: torch.Tensor, mode: str, split: str | None = None) -> QuantWeigh
 def product(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, K) @ dequantize(qw)^T + bias, on torch's packed kernels (int8 from DYNAMIC_M rows: its int8
     GEMM), in x's dtype."""
-    if _dense(x, qw):
+    route = _route(x, qw)
+    if route == "dense":
         w = _dense_wide(qw) if qw.mode == "int4" else dequantize(qw)
         y = torch.nn.functional.linear(x.float(), w).to(x.dtype)
         return y if bias is None else y.add_(bias)
-    if _dynamic(x, qw):
+    if route == "gemm":
         y = _int8_dynamic(x, qw).to(x.dtype)
     else:
         xb = x.to(torch.bfloat16)  # both packed kernels' only fast input
@@ -249,8 +250,8 @@ def product(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None) 
 def int8_gemm() -> str:
     """The int8 x int8 GEMM of wide int8 products on this CPU:
     - "int_mm": `torch._int_mm` (x rounded to int8 per row), where the CPU has VNNI: oneDNN's kernel.
-      Without VNNI torch runs it as a scalar loop, 12-50x slower than the weight-only kernel (AVX2 EPYC,
-      docs/performance.md).
+      Without VNNI torch runs it as a scalar loop: 5-12x slower than the weight-only kernel and 11-48x
+      slower than fbgemm's on the AVX2 EPYC (`bench.quant_products`, docs/performance.md).
     - "fbgemm": torch's x86 quantized engine (AVX2 kernels), which rounds x to 7 bits over the batch
       (`torch.quantize_per_tensor_dynamic`, reduce_range: 8-bit pairs would saturate AVX2's 16-bit sums).
       x goes in scaled per row to [-1, 1], and its rounding error again, scaled likewise (`_fbgemm_parts`):
@@ -265,22 +266,23 @@ def int8_gemm() -> str:
     return ""
 
 
-def _dense(x: torch.Tensor, qw: QuantWeight) -> bool:
-    """Whether the product of x runs in float32 on the dequantized weight, x unrounded: int4 from WIDE_M
-    rows (its packed kernel costs per row), int8 from WIDE_INT8_M where the int8 GEMM is fbgemm's (its
-    two passes cost as much as float32 at 64 rows and 1.3-1.9x from 256 on the AVX2 EPYC); not the
-    logits, whose rows are the batch's sequences and which keep their refine."""
+def _route(x: torch.Tensor, qw: QuantWeight) -> str:
+    """How `product` multiplies x:
+    - "dense": in float32 on the dequantized weight, x unrounded. int4 from WIDE_M rows (its packed
+      kernel costs per row); int8 from WIDE_INT8_M where the int8 GEMM is fbgemm's (from 256 rows its two
+      passes cost 1.3-2.2x float32's for 576 x 1536 and 0.7-0.9x for 1536 x 576, `bench.quant_products`
+      on the AVX2 EPYC), not the logits, whose rows are the batch's sequences and which keep their refine.
+    - "gemm": int8 on `int8_gemm`, x rounded to integers: from DYNAMIC_M rows, or on fbgemm's from
+      FBGEMM_M (the logits from the first row).
+    - "packed": torch's packed weight-only kernel, x rounded to bfloat16 (unless int4 splits it)."""
+    m = x.shape[0]
     if qw.mode == "int4":
-        return qw.nibbles is not None and x.shape[0] >= WIDE_M
-    return x.shape[0] >= WIDE_INT8_M and int8_gemm() == "fbgemm" and not qw.refine
-
-
-def _dynamic(x: torch.Tensor, qw: QuantWeight) -> bool:
-    """Whether the int8 product of x runs on the int8 GEMM (x rounded to integers, `int8_gemm`)."""
+        return "dense" if qw.nibbles is not None and m >= WIDE_M else "packed"
     gemm = int8_gemm()
+    if gemm == "fbgemm" and not qw.refine and m >= WIDE_INT8_M:
+        return "dense"
     rows = DYNAMIC_M if gemm != "fbgemm" else 1 if qw.refine else FBGEMM_M
-    wide = qw.mode == "int8" and x.shape[0] >= rows and x.shape[1] % 8 == 0 and gemm != ""
-    return wide and not _dense(x, qw)
+    return "gemm" if gemm and m >= rows and x.shape[1] % 8 == 0 else "packed"
 
 
 def _fbgemm_parts(x: torch.Tensor, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -304,26 +306,32 @@ def _fbgemm_count(qw: QuantWeight) -> int:
 
 def _fbgemm_rounded(xn: torch.Tensor) -> torch.Tensor:
     """xn as the fbgemm GEMM rounds it (7 bits over the whole tensor), in float32."""
-    with warnings.catch_warnings():  # torch marks quantized tensors deprecated; the ops are current
+    with warnings.catch_warnings():  # as in _fbgemm_weight
         warnings.simplefilter("ignore", UserWarning)
         return torch.quantize_per_tensor_dynamic(xn, torch.quint8, True).dequantize()
 
 
-def _int8_dynamic(x: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
-    """x (M, K) @ (q * scale)^T with x rounded to integers on `int8_gemm`: (M, N) float32."""
-    if int8_gemm() == "fbgemm":
-        if qw.gemm_packed is None:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                zero = torch.zeros(qw.shape[0], dtype=torch.long)
-                w = torch._make_per_channel_quantized_tensor(qw.data, qw.scales.double(), zero, 0)
-                qw.gemm_packed = torch.ops.quantized.linear_prepack(w, None)
+def _int8_dynamic(x: torch.Tensor, qw: QuantWeight, gemm: str | None = None) -> torch.Tensor:
+    """x (M, K) @ (q * scale)^T with x rounded to integers on `int8_gemm` (or the named gemm): (M, N)
+    float32."""
+    if (gemm or int8_gemm()) == "fbgemm":
         parts = _fbgemm_parts(x, _fbgemm_count(qw))
-        ys = [torch.ops.quantized.linear_dynamic(p, qw.gemm_packed, True).mul_(s) for p, s in parts]
+        ys = [torch.ops.quantized.linear_dynamic(p, _fbgemm_weight(qw), True).mul_(s) for p, s in parts]
         return ys[0] if len(ys) == 1 else ys[0].add_(ys[1])
     xq, sx = quantize_int8(x, torch.float32)  # (M, K) int8, (M,)
     acc = torch._int_mm(xq, qw.data.t())  # (M, N) int32
     return acc.float() * sx[:, None] * qw.scales.float()
+
+
+def _fbgemm_weight(qw: QuantWeight) -> object:
+    """qw's weight packed for fbgemm's GEMM, on first use (the same q and scales, zero points 0)."""
+    if qw.gemm_packed is None:
+        with warnings.catch_warnings():  # torch marks quantized tensors deprecated; the ops are current
+            warnings.simplefilter("ignore", UserWarning)
+            zero = torch.zeros(qw.shape[0], dtype=torch.long)
+            w = torch._make_per_channel_quantized_tensor(qw.data, qw.scales.double(), zero, 0)
+            qw.gemm_packed = torch.ops.quantized.linear_prepack(w, None)
+    return qw.gemm_packed
 
 
 def _int8_dynamic_x(x: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
@@ -384,10 +392,11 @@ def _int4_split(x: torch.Tensor, xb: torch.Tensor, qw: QuantWeight) -> torch.Ten
 def reference_product(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """product's value in float32 from the dequantized weight (what the tests compare against); x as
     the kernel gets it (rounded to int8 per row on the int8 GEMM, else to bfloat16 unless it is split)."""
-    if _dynamic(x, qw):
+    route = _route(x, qw)
+    if route == "gemm":
         xr = _int8_dynamic_x(x, qw)
     else:
-        xr = x.float() if qw.split_x or _dense(x, qw) else x.to(torch.bfloat16).float()
+        xr = x.float() if qw.split_x or route == "dense" else x.to(torch.bfloat16).float()
     y = xr @ dequantize(qw).t()
     return (y if bias is None else y + bias.float()).to(x.dtype)
 
