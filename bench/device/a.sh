@@ -1,7 +1,6 @@
-# call A (carry .gpu/wheels .gpu/gx0): the wheels installed once, the engine's GPU tests, G1 and
-# where its host time goes
+# call A (carry .gpu/wheels .gpu/gx0): the wheels installed once; the kernels' and the engine's GPU
+# tests side by side (neither is timed, and the machine has 16 cores for Triton's compiles)
 source bench/device/setup.sh
-step engine_gpu 250 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_gpu.py tests/engine/test_alibi_gpu.py
-TAILN=14 step g1_qwen 130 python3 -m bench --workload g1 --timeline
-step maskprof 90 python3 -m bench.mask_profile --rows 16 64 --steps 60 --sampled --pool 0 4
-step maskpos 40 python3 -m bench.mask_profile --positions
+step kernels_gpu 420 python3 -m pytest -q -p no:cacheprovider --durations=8 tests/kernels -k "gpu or cuda" -m "not heavy" &
+step engine_gpu 420 python3 -m pytest -q -p no:cacheprovider --durations=8 -m gpu tests/engine/test_gpu.py tests/engine/test_alibi_gpu.py &
+wait

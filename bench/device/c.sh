@@ -1,6 +1,6 @@
-# call C (carry .gpu/gx2 .gpu/fam.tar.xz): SmolLM2's GGUF is whole now: the real model against HF,
-# its tool-call evaluation on CUDA, S1; G1 on two more vocabularies
+# call C (no carry; the GGUF is still in /tmp): issue 44's LoRA pass from scratch (train.sh), its
+# fp16 adapter and loss plot back under $OUT, then the W workloads and M1, each alone
 source bench/device/setup.sh
-TAILN=25 step s1 150 python3 -m bench --workload s1 --device cuda --model /tmp/smol.gguf
-step real_model 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rA tests/engine/test_gpu_real_model.py tests/train/test_gpu_tool_eval.py
-for f in mistral_tekken mistral_v3; do TAILN=8 step g1_$f 75 python3 -m bench --workload g1 --tokenizer /tmp/fam/ck/$f; done
+TAILN=6 step train 420 bash bench/device/train.sh
+python3 -m train.lora --out /tmp/run6 --export $OUT/adapter6 && cp /tmp/run6/loss.png $OUT/
+for w in w3 w1 w2 m1; do TAILN=6 step $w 70 python3 -m bench --workload $w; done

