@@ -3,6 +3,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
+# test processes (pytest-xdist): two keep both cores busy while one waits on a server, a subprocess or
+# a browser; more cost memory (each loads torch and its own tiny checkpoints). 0 runs in one process
+PYTEST_WORKERS ?= 2
+XDIST := -n $(PYTEST_WORKERS) --dist worksteal
 
 .PHONY: run test test-all check lint install clean soak
 
@@ -25,18 +29,18 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -m "not gpu and not heavy" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) -m "not gpu and not heavy" $(PYTEST_ARGS)
 
 # the whole CPU suite, the heavy tests too (every ALiBi parity regime, the memory guard, ...)
 test-all: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -m "not gpu" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) -m "not gpu" $(PYTEST_ARGS)
 
 # a developer's inner loop: lint, types (mypy: engine/, runner/, models/ and app/, see pyproject) and the fast tests
 check: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -m "not slow and not gpu" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow and not gpu" $(PYTEST_ARGS)
 
 # issue 42's hostile-input and fault soak (about 10 minutes; servers on 127.0.0.1; briefly stops
 # the local PostgreSQL cluster): prints the figures, exits non-zero when one is off
