@@ -249,9 +249,11 @@ def product(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None) 
 @functools.cache
 def int8_gemm() -> str:
     """The int8 x int8 GEMM of wide int8 products on this CPU:
-    - "int_mm": `torch._int_mm` (x rounded to int8 per row), where the CPU has VNNI: oneDNN's kernel.
-      Without VNNI torch runs it as a scalar loop: 5-12x slower than the weight-only kernel and 11-48x
-      slower than fbgemm's on the AVX2 EPYC (`bench.quant_products`, docs/performance.md).
+    - "int_mm": `torch._int_mm`, where the CPU has VNNI: oneDNN's kernel. x goes in rounded to int8 per
+      row, and its rounding error again, rounded likewise (`_int8_parts`): one GEMM over both parts' rows,
+      x ~14 bits together (one part for the logits, as below). Without VNNI torch runs it as a scalar
+      loop: 5-12x slower than the weight-only kernel and 11-48x slower than fbgemm's on the AVX2 EPYC
+      (`bench.quant_products`, docs/performance.md).
     - "fbgemm": torch's x86 quantized engine (AVX2 kernels), which rounds x to 7 bits over the batch
       (`torch.quantize_per_tensor_dynamic`, reduce_range: 8-bit pairs would saturate AVX2's 16-bit sums).
       x goes in scaled per row to [-1, 1], and its rounding error again, scaled likewise (`_fbgemm_parts`):
@@ -299,8 +301,8 @@ def _fbgemm_parts(x: torch.Tensor, n: int) -> list[tuple[torch.Tensor, torch.Ten
 
 
 def _fbgemm_count(qw: QuantWeight) -> int:
-    """How many parts x goes in as: one for the logits (their leading values are recomputed in float32
-    from x itself, so the 7-bit x only picks which), two elsewhere."""
+    """How many parts x goes in as on either int8 GEMM: one for the logits (their leading values are
+    recomputed in float32 from x itself, so the rounded x only picks which), two elsewhere."""
     return 1 if qw.refine else 2
 
 
@@ -318,9 +320,27 @@ def _int8_dynamic(x: torch.Tensor, qw: QuantWeight, gemm: str | None = None) -> 
         parts = _fbgemm_parts(x, _fbgemm_count(qw))
         ys = [torch.ops.quantized.linear_dynamic(p, _fbgemm_weight(qw), True).mul_(s) for p, s in parts]
         return ys[0] if len(ys) == 1 else ys[0].add_(ys[1])
-    xq, sx = quantize_int8(x, torch.float32)  # (M, K) int8, (M,)
-    acc = torch._int_mm(xq, qw.data.t())  # (M, N) int32
-    return acc.float() * sx[:, None] * qw.scales.float()
+    parts = _int8_parts(x, _fbgemm_count(qw))
+    m = x.shape[0]
+    acc = torch._int_mm(torch.cat([q for q, _ in parts]), qw.data.t())  # (passes * M, N) int32
+    y = acc[:m].float().mul_(parts[0][1][:, None])
+    if len(parts) == 2:
+        y.addcmul_(acc[m:], parts[1][1][:, None])
+    return y.mul_(qw.scales.float())
+
+
+def _int8_parts(x: torch.Tensor, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """x (M, K) -> n (1 or 2) of (q (M, K) int8, scale (M,) float32): x rounded to int8 per row, then
+    its rounding error rounded likewise; x == sum(q * scale) up to the last part's rounding."""
+    s1 = (x.abs().amax(dim=1) / 127.0).clamp(min=1e-12).float()  # (M,)
+    t = x.float() / s1[:, None]  # x in units of s1, |t| <= 127
+    r = t.round().clamp_(-127, 127)
+    if n == 1:
+        return [(r.to(torch.int8), s1)]
+    t.sub_(r)  # the rounding error, |t| <= 1/2, in units of s1
+    u = (t.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # (M,)
+    q2 = t.div_(u[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+    return [(r.to(torch.int8), s1), (q2, s1 * u)]
 
 
 def _fbgemm_weight(qw: QuantWeight) -> object:
@@ -339,8 +359,8 @@ def _int8_dynamic_x(x: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
     if int8_gemm() == "fbgemm":
         parts = _fbgemm_parts(x, _fbgemm_count(qw))
         return sum((_fbgemm_rounded(part) * s for part, s in parts), torch.zeros(()))
-    xq, sx = quantize_int8(x, torch.float32)
-    return xq.float() * sx[:, None]
+    parts = _int8_parts(x, _fbgemm_count(qw))
+    return sum((q.float() * sx[:, None] for q, sx in parts), torch.zeros(()))
 
 
 def _dense_int4(nibbles: torch.Tensor, scales: torch.Tensor, lo_scales: torch.Tensor | None) -> torch.Tensor:
