@@ -250,7 +250,7 @@ def product(x: torch.Tensor, qw: QuantWeight, bias: torch.Tensor | None = None) 
 def int8_gemm() -> str:
     """The int8 x int8 GEMM of wide int8 products on this CPU:
     - "int_mm": `torch._int_mm`, where the CPU has VNNI: oneDNN's kernel. x goes in rounded to int8 per
-      row, and its rounding error again, rounded likewise (`_int8_parts`): one GEMM over both parts' rows,
+      row, and its rounding error again, rounded likewise (`_int8_split`): one GEMM over both parts' rows,
       x ~14 bits together (one part for the logits, as below). Without VNNI torch runs it as a scalar
       loop: 5-12x slower than the weight-only kernel and 11-48x slower than fbgemm's on the AVX2 EPYC
       (`bench.quant_products`, docs/performance.md).
@@ -320,27 +320,37 @@ def _int8_dynamic(x: torch.Tensor, qw: QuantWeight, gemm: str | None = None) -> 
         parts = _fbgemm_parts(x, _fbgemm_count(qw))
         ys = [torch.ops.quantized.linear_dynamic(p, _fbgemm_weight(qw), True).mul_(s) for p, s in parts]
         return ys[0] if len(ys) == 1 else ys[0].add_(ys[1])
-    parts = _int8_parts(x, _fbgemm_count(qw))
-    m = x.shape[0]
-    acc = torch._int_mm(torch.cat([q for q, _ in parts]), qw.data.t())  # (passes * M, N) int32
-    y = acc[:m].float().mul_(parts[0][1][:, None])
-    if len(parts) == 2:
-        y.addcmul_(acc[m:], parts[1][1][:, None])
-    return y.mul_(qw.scales.float())
+    q, scales = _int8_split(x, _fbgemm_count(qw))  # (P * M, K) int8, (P, M)
+    acc = torch._int_mm(q, qw.data.t())  # (P * M, N) int32: both passes' rows in one call
+    return _fused(_int8_sum, acc, scales, qw.scales.float())
 
 
-def _int8_parts(x: torch.Tensor, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """x (M, K) -> n (1 or 2) of (q (M, K) int8, scale (M,) float32): x rounded to int8 per row, then
-    its rounding error rounded likewise; x == sum(q * scale) up to the last part's rounding."""
-    s1 = (x.abs().amax(dim=1) / 127.0).clamp(min=1e-12).float()  # (M,)
-    t = x.float() / s1[:, None]  # x in units of s1, |t| <= 127
-    r = t.round().clamp_(-127, 127)
-    if n == 1:
-        return [(r.to(torch.int8), s1)]
-    t.sub_(r)  # the rounding error, |t| <= 1/2, in units of s1
-    u = (t.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # (M,)
-    q2 = t.div_(u[:, None]).round_().clamp_(-127, 127).to(torch.int8)
-    return [(r.to(torch.int8), s1), (q2, s1 * u)]
+def _int8_split(x: torch.Tensor, passes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K) -> (q (passes * M, K) int8, scales (passes, M) float32): x rounded to int8 per row, then
+    (two passes) its rounding error rounded likewise; x == sum over passes of q * scale up to the last
+    one's rounding. Compiled (`_fused`): one loop instead of ~12 passes over (M, K) temporaries."""
+    return _fused(_int8_two if passes == 2 else _int8_one, x.float())
+
+
+def _int8_one(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    s1 = (x.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # (M,)
+    return (x / s1[:, None]).round().clamp(-127, 127).to(torch.int8), s1[None]
+
+
+def _int8_two(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    s1 = (x.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # (M,)
+    t = x / s1[:, None]  # x in units of s1, |t| <= 127
+    r = t.round().clamp(-127, 127)
+    e = t - r  # the rounding error, |e| <= 1/2, in units of s1
+    u = (e.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+    q2 = (e / u[:, None]).round().clamp(-127, 127)
+    return torch.cat([r, q2]).to(torch.int8), torch.stack([s1, s1 * u])
+
+
+def _int8_sum(acc: torch.Tensor, scales: torch.Tensor, wscale: torch.Tensor) -> torch.Tensor:
+    """(P * M, N) int32 sums, (P, M) x scales, (N,) weight scales -> (M, N) float32."""
+    p, m = scales.shape
+    return (acc.view(p, m, -1).float() * scales[..., None]).sum(0) * wscale
 
 
 def _fbgemm_weight(qw: QuantWeight) -> object:
@@ -359,8 +369,8 @@ def _int8_dynamic_x(x: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
     if int8_gemm() == "fbgemm":
         parts = _fbgemm_parts(x, _fbgemm_count(qw))
         return sum((_fbgemm_rounded(part) * s for part, s in parts), torch.zeros(()))
-    parts = _int8_parts(x, _fbgemm_count(qw))
-    return sum((q.float() * sx[:, None] for q, sx in parts), torch.zeros(()))
+    q, scales = _int8_split(x, _fbgemm_count(qw))
+    return (q.view(*scales.shape, -1).float() * scales[..., None]).sum(0)
 
 
 def _dense_int4(nibbles: torch.Tensor, scales: torch.Tensor, lo_scales: torch.Tensor | None) -> torch.Tensor:
@@ -372,26 +382,32 @@ def _dense_int4(nibbles: torch.Tensor, scales: torch.Tensor, lo_scales: torch.Te
     return w if lo_scales is None else w.add_(_int4_weight(q, lo_scales))
 
 
-_compiled_dense = None  # torch.compile(_dense_int4), built on first use
-_compile_failed = False  # torch.compile could not build it here: the eager form from then on
+_compiled: dict = {}  # torch.compile's forms of `_fused`'s functions, built on first use
+_compile_failed = False  # torch.compile could not build one here: the eager forms from then on
 
 
-def _dense_wide(qw: QuantWeight) -> torch.Tensor:
-    """The float32 weight of a wide int4 product: _dense_int4 compiled (on first use, a few seconds;
-    (q - 8) * scale is exact in float32, so fusing leaves the bits as they are), eager where
-    torch.compile cannot build it."""
-    global _compiled_dense, _compile_failed
+def _fused(fn, *args):
+    """fn(*args) through torch.compile (inductor's C++ loops; on first use, a few seconds; sizes dynamic,
+    so one program serves every row count), eager where torch.compile cannot build it. fn is pure
+    tensor work whose fused loops keep its values (tests/kernels compare both forms)."""
+    global _compile_failed
     if not _compile_failed:
         try:
             with warnings.catch_warnings():  # inductor's own use of deprecated torch.jit APIs while compiling
                 warnings.simplefilter("ignore", DeprecationWarning)
-                if _compiled_dense is None:
-                    _compiled_dense = torch.compile(_dense_int4)
-                return _compiled_dense(qw.nibbles, qw.scales, qw.lo_scales)
-        except Exception as e:  # e.g. no C++ compiler for inductor: the eager form gives the same bits
-            log.warning("int4 dequantization stays eager (torch.compile failed: %s)", str(e).splitlines()[0])
+                if fn not in _compiled:
+                    _compiled[fn] = torch.compile(fn, dynamic=True)
+                return _compiled[fn](*args)
+        except Exception as e:  # e.g. no C++ compiler for inductor: the eager form gives the same values
+            log.warning("%s stays eager (torch.compile failed: %s)", fn.__name__, str(e).splitlines()[0])
             _compile_failed = True
-    return _dense_int4(qw.nibbles, qw.scales, qw.lo_scales)
+    return fn(*args)
+
+
+def _dense_wide(qw: QuantWeight) -> torch.Tensor:
+    """The float32 weight of a wide int4 product: _dense_int4 compiled ((q - 8) * scale is exact in
+    float32, so fusing leaves the bits as they are)."""
+    return _fused(_dense_int4, qw.nibbles, qw.scales, qw.lo_scales)
 
 
 def _int4_split(x: torch.Tensor, xb: torch.Tensor, qw: QuantWeight) -> torch.Tensor:

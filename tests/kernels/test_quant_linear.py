@@ -77,6 +77,19 @@ def test_int8_gemms_match_their_rounding_of_x(monkeypatch, gemm):
     assert errs[0] < 1e-3 and errs[1] < (0.03 if gemm == "fbgemm" else 0.01) and errs[0] < errs[1] / 10
 
 
+def test_int8_parts_compiled_equal_eager():
+    """x's int8 parts as torch.compile fuses them (`_fused`, one program for every row count) equal the
+    eager functions' bit for bit, at two row counts."""
+    for rows in (37, 5):
+        x = _rand(rows, 256, seed=8) * torch.linspace(0.01, 10, rows)[:, None]
+        for fn in (quant_linear._int8_one, quant_linear._int8_two):
+            q, scales = quant_linear._fused(fn, x)
+            q0, scales0 = fn(x)
+            assert q.shape == (scales.shape[0] * rows, 256) and torch.equal(q, q0)
+            assert torch.equal(scales, scales0)
+    assert not quant_linear._compile_failed  # it compiled here (CI has the C++ compiler inductor needs)
+
+
 def test_int4_refuses_shapes_the_kernel_does_not_take():
     assert quantize(_rand(64, GROUP + 8, seed=0), "int4") is None
     assert quantize(_rand(24, 2 * GROUP, seed=0), "int4") is None
