@@ -258,7 +258,7 @@ def int8_gemm() -> str:
       (`torch.quantize_per_tensor_dynamic`, reduce_range: 8-bit pairs would saturate AVX2's 16-bit sums).
       x goes in scaled per row to [-1, 1], and its rounding error again, scaled likewise (`_fbgemm_parts`):
       two GEMMs whose x together is ~14 bits, faster than the weight-only kernel from FBGEMM_M rows; the
-      logits take one (`_fbgemm_count`). Its packed weight is a second copy of q (N x K bytes).
+      logits take one (`_x_passes`). Its packed weight is a second copy of q (N x K bytes).
     - "": neither (e.g. an ARM CPU): the weight-only kernel at every width."""
     if torch.cpu._is_vnni_supported():
         return "int_mm"
@@ -300,7 +300,7 @@ def _fbgemm_parts(x: torch.Tensor, n: int) -> list[tuple[torch.Tensor, torch.Ten
     return [(x1, s1), (r.div_(s2), s2)]
 
 
-def _fbgemm_count(qw: QuantWeight) -> int:
+def _x_passes(qw: QuantWeight) -> int:
     """How many parts x goes in as on either int8 GEMM: one for the logits (their leading values are
     recomputed in float32 from x itself, so the rounded x only picks which), two elsewhere."""
     return 1 if qw.refine else 2
@@ -317,10 +317,10 @@ def _int8_dynamic(x: torch.Tensor, qw: QuantWeight, gemm: str | None = None) -> 
     """x (M, K) @ (q * scale)^T with x rounded to integers on `int8_gemm` (or the named gemm): (M, N)
     float32."""
     if (gemm or int8_gemm()) == "fbgemm":
-        parts = _fbgemm_parts(x, _fbgemm_count(qw))
+        parts = _fbgemm_parts(x, _x_passes(qw))
         ys = [torch.ops.quantized.linear_dynamic(p, _fbgemm_weight(qw), True).mul_(s) for p, s in parts]
         return ys[0] if len(ys) == 1 else ys[0].add_(ys[1])
-    q, scales = _int8_split(x, _fbgemm_count(qw))  # (P * M, K) int8, (P, M)
+    q, scales = _int8_split(x, _x_passes(qw))  # (P * M, K) int8, (P, M)
     acc = torch._int_mm(q, qw.data.t())  # (P * M, N) int32: both passes' rows in one call
     return _fused(_int8_sum, acc, scales, qw.scales.float())
 
@@ -333,18 +333,15 @@ def _int8_split(x: torch.Tensor, passes: int) -> tuple[torch.Tensor, torch.Tenso
 
 
 def _int8_one(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    s1 = (x.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # (M,)
-    return (x / s1[:, None]).round().clamp(-127, 127).to(torch.int8), s1[None]
+    q, s1 = quantize_int8(x, torch.float32)  # (M, K) int8, (M,)
+    return q, s1[None]
 
 
 def _int8_two(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    s1 = (x.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # (M,)
-    t = x / s1[:, None]  # x in units of s1, |t| <= 127
-    r = t.round().clamp(-127, 127)
-    e = t - r  # the rounding error, |e| <= 1/2, in units of s1
-    u = (e.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
-    q2 = (e / u[:, None]).round().clamp(-127, 127)
-    return torch.cat([r, q2]).to(torch.int8), torch.stack([s1, s1 * u])
+    q1, s1 = quantize_int8(x, torch.float32)
+    # the first part's rounding error, |e| <= 1/2 in units of s1, rounded likewise
+    q2, u = quantize_int8(x / s1[:, None] - q1, torch.float32)
+    return torch.cat([q1, q2]), torch.stack([s1, s1 * u])
 
 
 def _int8_sum(acc: torch.Tensor, scales: torch.Tensor, wscale: torch.Tensor) -> torch.Tensor:
@@ -367,9 +364,9 @@ def _fbgemm_weight(qw: QuantWeight) -> object:
 def _int8_dynamic_x(x: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
     """x (M, K) as `_int8_dynamic` rounds it for qw, in float32 (the reference's x)."""
     if int8_gemm() == "fbgemm":
-        parts = _fbgemm_parts(x, _fbgemm_count(qw))
+        parts = _fbgemm_parts(x, _x_passes(qw))
         return sum((_fbgemm_rounded(part) * s for part, s in parts), torch.zeros(()))
-    q, scales = _int8_split(x, _fbgemm_count(qw))
+    q, scales = _int8_split(x, _x_passes(qw))
     return (q.view(*scales.shape, -1).float() * scales[..., None]).sum(0)
 
 
