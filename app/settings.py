@@ -63,6 +63,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)  # larger request bodies are a 413
     max_n: int = Field(default=16, ge=1)  # the largest `n` a request may ask for
     grammar_timeout_s: float = Field(default=30.0, gt=0)  # longest wait for a new tool/JSON grammar
+    # logit bias toward spelling a tool argument as the conversation does (grammar/copying.py): this
+    # on the rest of a word being copied, a twelfth of it at a word start; 0 turns it off
+    copy_bias: float = Field(default=24.0, ge=0, le=100)
     # the reply's token cap when a request names none (n8n's nodes send none by default); never
     # above what the context has left. 0: no cap but the context
     default_max_tokens: int = Field(default=1024, ge=0)

@@ -53,7 +53,9 @@ def build_constraint(
 def warmup(tokenizer: Any, vocab_size: int | None = None) -> None:
     """Build the token tables and llguidance's tokenizer once (seconds), e.g. at start-up."""
     from grammar.budget import vocab_tables
+    from grammar.copying import token_table
 
     vocab = vocab_for(tokenizer, vocab_size)
     vocab_tables(vocab)
     compiler_for(vocab)
+    token_table(vocab)  # the copy bias's

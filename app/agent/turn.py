@@ -25,7 +25,7 @@ from app.agent.refusal import end_if_refused
 from app.agent.targets import TargetPolicy
 from app.agent.usage import TurnUsage
 from app.agent.webhooks import ToolResult, call_webhook
-from app.chat.constraints import build_constraint
+from app.chat.constraints import build_constraint, copy_processors
 from app.chat.tool_events import CallArgs, CallStart, Content, ParsedCall
 from app.chat.tool_parser import ToolCallParser
 from app.errors import APIError
@@ -98,6 +98,7 @@ class TurnDeps:
     targets: TargetPolicy = field(default_factory=TargetPolicy)  # where webhook tools may connect
     # the app's per-caller shares (app.admission.Admission); None: unlimited
     admission: Any = None
+    copy_bias: float = 0.0  # Settings.copy_bias (grammar/copying.py); 0: off
 
 
 _session_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
@@ -326,7 +327,17 @@ async def _run_turn_locked(
         )
         # tool-call tags are added tokens that decode() drops when skipping specials; stop
         # tokens are never detokenized, so nothing else special shows up in the text
-        params = SamplingParams(**sampling, constraint=constraint, skip_special_tokens=False)
+        copying = copy_processors(
+            tokenizer,
+            constraint if tools and choice != "none" else None,
+            sources=[{"role": "system", "content": spec.system_prompt}, *kept],
+            dialect=dialect_for(tokenizer),
+            vocab_size=vocab_size,
+            strength=deps.copy_bias,
+        )
+        params = SamplingParams(
+            **sampling, constraint=constraint, logits_processors=copying, skip_special_tokens=False
+        )
 
         made = _Round()
         shown.clear()

@@ -228,7 +228,7 @@ async def chat(assistant_id: str, request: Request, db: DB, http: HTTP):
     engine = get_engine(request)  # not a dependency: loadPreviousSession works without a model
     admission = admission_of(request.app.state.serving)
     admission.check(caller.id)  # a caller at its limit gets the 429 before a stream starts
-    deps = TurnDeps(engine, db, http, TargetPolicy.from_settings(settings), admission)
+    deps = TurnDeps(engine, db, http, TargetPolicy.from_settings(settings), admission, settings.copy_bias)
     usage = TurnUsage()
     pieces = run_turn(deps, spec, session_id, text, principal=caller, usage=usage)
 

@@ -16,6 +16,34 @@ log = logging.getLogger("chatloom.constraints")
 _PARAMS = ("max_tokens", "tool_choice", "tools", "response_format", "parallel_tool_calls")
 
 
+def copy_processors(
+    tokenizer: Any,
+    constraint: Any | None,
+    *,
+    sources: list[Any],
+    dialect: Dialect,
+    vocab_size: int | None,
+    strength: float,
+) -> list:
+    """The copy bias (grammar/copying.py) for a request whose tool calls are constrained: [] without
+    a constraint, without text to copy from, or with strength 0. sources: the request's messages
+    (ChatMessage objects or stored dicts); the user, tool and system texts are copied from."""
+    if constraint is None or strength <= 0:
+        return []
+    texts = []
+    for m in sources:
+        role = m.get("role") if isinstance(m, dict) else getattr(m, "role", None)
+        content = m.get("content") if isinstance(m, dict) else getattr(m, "content", None)
+        if role in ("user", "tool", "system") and isinstance(content, str) and content:
+            texts.append(content)
+    if not texts:
+        return []
+    from grammar.copying import CopyBias
+    from grammar.vocab import vocab_for
+
+    return [CopyBias(vocab_for(tokenizer, vocab_size), dialect, texts, word=strength, start=strength / 12)]
+
+
 def warmup(tokenizer: Any, vocab_size: int | None) -> None:
     """Build the grammar token tables at start-up (seconds) rather than in the first tool request."""
     try:

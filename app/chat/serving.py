@@ -15,7 +15,7 @@ import anyio
 
 from app.admission import admit
 from app.chat.chunks import SSE_DONE, Choice, cut_short, deltas, finish_reason, sse
-from app.chat.constraints import build_constraint
+from app.chat.constraints import build_constraint, copy_processors
 from app.chat.generation import (
     EngineRun,
     TokenText,
@@ -149,11 +149,20 @@ class Serving:
             dialect=self.renderer.dialect,
             timeout_s=self.settings.grammar_timeout_s,
         )
+        copying = copy_processors(
+            self.tokenizer,
+            constraint if use_tools else None,
+            sources=history if history is not None else messages,
+            dialect=self.renderer.dialect,
+            vocab_size=self.model_vocab_size,
+            strength=self.settings.copy_bias,
+        )
         params = make_params(
             **fields,
             max_tokens=max_tokens,
             logprobs=top_logprobs,
             constraint=constraint,
+            logits_processors=copying,
             # the tool-call tags are added tokens, which decoding drops when skipping specials;
             # stop tokens are never detokenized, so nothing else special reaches the text
             skip_special_tokens=use_tools is None,
