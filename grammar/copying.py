@@ -21,6 +21,8 @@ bytes, case included.
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from grammar.call_cursor import CallCursor
@@ -33,7 +35,11 @@ MAX_SOURCE = 8192  # bytes of source text kept, the most recent
 MAX_SPANS = 48  # source positions a step biases at most (the last ones: recent text first)
 _OPEN = (b'"', b' "')  # what opens a string value before its first byte
 MEMO = 256  # continuation sets kept per request
+READS = 32  # sequences of one request read at once (Settings.max_n is 16)
 MIN_WORD = 3  # bytes of a word copied so far before its rest gets the strong bias
+
+
+_WORD_START = re.compile(rb"(?<![0-9A-Za-z\x80-\xff])[0-9A-Za-z\x80-\xff]")
 
 
 def _word(b: int) -> bool:
@@ -86,9 +92,7 @@ class CopyBias:
         self.table = token_table(vocab)
         text = "\n".join(s for s in sources if s).encode("utf-8", "replace")
         self.source = text[-MAX_SOURCE:]
-        # word starts of the source, ascending
-        src = self.source
-        self.starts = [i for i in range(len(src)) if _word(src[i]) and (i == 0 or not _word(src[i - 1]))]
+        self.starts = [m.start() for m in _WORD_START.finditer(self.source)]  # ascending
         self.word = word
         self.start = start
         self._reads: list[_Span] = []  # one per sequence of the request (n > 1 shares the processor)
@@ -131,7 +135,7 @@ class CopyBias:
         if read is None:
             read = _Span(self.dialect)
             self._reads.append(read)
-            del self._reads[:-8]
+            del self._reads[:-READS]
         token_bytes = self.vocab.token_bytes
         for tid in output_ids[len(read.ids) :]:
             read.cursor.feed(token_bytes[tid] if tid < len(token_bytes) else b"")
