@@ -39,12 +39,14 @@ READS = 32  # sequences of one request read at once (Settings.max_n is 16)
 MIN_WORD = 3  # bytes of a word copied so far before its rest gets the strong bias
 
 
-_WORD_START = re.compile(rb"(?<![0-9A-Za-z\x80-\xff])[0-9A-Za-z\x80-\xff]")
+# a byte of a word: ASCII letters and digits, and every byte of a multi-byte UTF-8 character
+_WORD_BYTE = rb"[0-9A-Za-z\x80-\xff]"
+_WORD_START = re.compile(rb"(?<!" + _WORD_BYTE + rb")" + _WORD_BYTE)
+_IS_WORD = [re.fullmatch(_WORD_BYTE, bytes([b])) is not None for b in range(256)]
 
 
 def _word(b: int) -> bool:
-    """A byte of a word: ASCII letters and digits, and every byte of a multi-byte UTF-8 character."""
-    return b >= 0x80 or 48 <= b <= 57 or 65 <= b <= 90 or 97 <= b <= 122
+    return _IS_WORD[b]
 
 
 def _word_run(text: bytes) -> int:
@@ -71,7 +73,7 @@ def token_table(vocab: TokenVocab) -> dict[bytes, list[int]]:
     return _tables.get(vocab, (), lambda: _token_table(vocab))
 
 
-class _Span:
+class _Reading:
     """One sequence's reading of its output: the token ids consumed and the cursor after them."""
 
     __slots__ = ("ids", "cursor")
@@ -95,7 +97,7 @@ class CopyBias:
         self.starts = [m.start() for m in _WORD_START.finditer(self.source)]  # ascending
         self.word = word
         self.start = start
-        self._reads: list[_Span] = []  # one per sequence of the request (n > 1 shares the processor)
+        self._reads: list[_Reading] = []  # one per sequence of the request (n > 1 shares the processor)
         # (value so far, before its opening quote) -> (ids, biases): values recur across steps and rows
         self._memo: dict[tuple[bytes, bool], tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -133,7 +135,7 @@ class CopyBias:
             if longer and n <= len(output_ids) and output_ids[:n] == r.ids:
                 read = r
         if read is None:
-            read = _Span(self.dialect)
+            read = _Reading(self.dialect)
             self._reads.append(read)
             del self._reads[:-READS]
         token_bytes = self.vocab.token_bytes
@@ -154,7 +156,7 @@ class CopyBias:
         out: dict[int, float] = {}
         for pos in positions[-MAX_SPANS:]:
             rest = src[pos : pos + SPAN]
-            cut = min((i for i, b in enumerate(rest) if b in b'"\\\n\r\t' or b < 0x20), default=len(rest))
+            cut = min((i for i, b in enumerate(rest) if b in b'"\\' or b < 0x20), default=len(rest))
             rest = rest[:cut]
             if not rest:
                 continue
@@ -171,8 +173,8 @@ class CopyBias:
 
     def _matches(self, value: bytes) -> tuple[list[int], bytes]:
         """The source positions right after the longest tail of `value` that starts at a word start
-        of both the value and the source, and that tail. An empty value (or one ending between
-        words) matches every source word start, with an empty tail."""
+        of both the value and the source, and that tail. When no non-empty tail matches and the
+        value is empty or ends between words, every source word start, with an empty tail."""
         src = self.source
         for i in range(len(value) + 1):
             if i and _word(value[i - 1]):

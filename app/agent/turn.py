@@ -329,7 +329,7 @@ async def _run_turn_locked(
         # tokens are never detokenized, so nothing else special shows up in the text
         copying = copy_processors(
             tokenizer,
-            constraint if tools and choice != "none" else None,
+            constraint is not None and bool(tools) and choice != "none",
             sources=[{"role": "system", "content": spec.system_prompt}, *kept],
             dialect=dialect_for(tokenizer),
             vocab_size=vocab_size,

@@ -18,17 +18,18 @@ _PARAMS = ("max_tokens", "tool_choice", "tools", "response_format", "parallel_to
 
 def copy_processors(
     tokenizer: Any,
-    constraint: Any | None,
+    calls_constrained: bool,
     *,
     sources: list[Any],
     dialect: Dialect,
     vocab_size: int | None,
     strength: float,
 ) -> list:
-    """The copy bias (grammar/copying.py) for a request whose tool calls are constrained: [] without
-    a constraint, without text to copy from, or with strength 0. sources: the request's messages
-    (ChatMessage objects or stored dicts); the user, tool and system texts are copied from."""
-    if constraint is None or strength <= 0:
+    """The copy bias (grammar/copying.py) for a request whose tool calls are constrained: [] when
+    they are not (no grammar, or tool_choice "none"), without text to copy from, or with strength 0.
+    sources: the request's messages (ChatMessage objects or stored dicts); the user, tool and system
+    texts are copied from."""
+    if not calls_constrained or strength <= 0:
         return []
     texts = []
     for m in sources:

@@ -151,7 +151,7 @@ class Serving:
         )
         copying = copy_processors(
             self.tokenizer,
-            constraint if use_tools else None,
+            constraint is not None and use_tools is not None,
             sources=history if history is not None else messages,
             dialect=self.renderer.dialect,
             vocab_size=self.model_vocab_size,

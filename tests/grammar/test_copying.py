@@ -123,9 +123,9 @@ def test_the_app_attaches_the_bias_to_constrained_tool_requests(tok, vocab):
         {"role": "tool", "content": "ok"},
     ]
     kw = dict(dialect=HERMES, vocab_size=vocab.vocab_size)
-    (bias,) = copy_processors(tok, object(), sources=msgs, strength=24.0, **kw)
+    (bias,) = copy_processors(tok, True, sources=msgs, strength=24.0, **kw)
     assert isinstance(bias, CopyBias) and (bias.word, bias.start) == (24.0, 2.0)
     assert bias.source == b"Be brief\nKyoto weather\nok"
-    assert copy_processors(tok, None, sources=msgs, strength=24.0, **kw) == []  # no grammar: no bias
-    assert copy_processors(tok, object(), sources=msgs, strength=0.0, **kw) == []  # turned off
-    assert copy_processors(tok, object(), sources=[ChatMessage("assistant", "x")], strength=24.0, **kw) == []
+    assert copy_processors(tok, False, sources=msgs, strength=24.0, **kw) == []  # no grammar: no bias
+    assert copy_processors(tok, True, sources=msgs, strength=0.0, **kw) == []  # turned off
+    assert copy_processors(tok, True, sources=[ChatMessage("assistant", "x")], strength=24.0, **kw) == []
